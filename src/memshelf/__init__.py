@@ -1,0 +1,17 @@
+"""memshelf: durable, owned, searchable memory for AI assistants."""
+
+from .embedders.base import Embedder, register_embedder
+from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput,
+                     MemshelfError, NotFound, StoreError, UnknownSource)
+from .keywords import keywords
+from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
+from .shelf import Shelf
+from .stores import sqlite as _sqlite  # noqa: F401  registers the embedded default backend
+from .stores.base import Store, register_store
+
+__all__ = [
+    "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Fact", "FactChange",
+    "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound", "Owner", "SearchResult", "Shelf",
+    "Store", "StoreError", "UnknownSource", "keywords", "register_embedder", "register_store",
+]
+__version__ = "0.1.0"

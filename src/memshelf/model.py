@@ -1,0 +1,214 @@
+"""The records memshelf keeps: owners, memories, facts, messages, hits, and the sources that set confidence."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Mapping
+
+from .errors import InvalidInput, UnknownSource
+
+# Provenance decides confidence; callers never pass a float (spec 000).
+BUILTIN_SOURCES: Mapping[str, float] = {"stated": 1.0, "mined": 0.6, "inferred": 0.4}
+
+MAX_CONTENT_CHARS = 16_000
+"""Longest memory or message text accepted. Split longer documents into statements before remembering them."""
+MAX_TOPIC_CHARS = 200
+MAX_ID_CHARS = 200
+MAX_FACT_KEY_CHARS = 200
+MAX_FACT_VALUE_CHARS = 4_000
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{kind} must be a string, got {type(value).__name__}: pass a text identifier")
+    if not value.strip():
+        raise InvalidInput(f"{kind} is empty: pass a non-empty identifier")
+    if len(value) > limit:
+        raise InvalidInput(f"{kind} is {len(value)} characters long; the limit is {limit}: use a shorter identifier")
+    if _CONTROL.search(value):
+        raise InvalidInput(f"{kind} contains control characters: use printable text")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who a record belongs to. Every read and write takes one; nothing crosses owners."""
+
+    tenant: str
+    user: str
+
+    def __post_init__(self) -> None:
+        _check_identifier("tenant", self.tenant)
+        _check_identifier("user", self.user)
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.user}"
+
+
+class Sources(Mapping[str, float]):
+    """The declared sources and the confidence each one is worth."""
+
+    def __init__(self, extra: Mapping[str, float] | None = None) -> None:
+        table = dict(BUILTIN_SOURCES)
+        for name, worth in (extra or {}).items():
+            _check_identifier("source name", name, 64)
+            if isinstance(worth, bool) or not isinstance(worth, (int, float)) or not (0.0 < float(worth) <= 1.0):
+                raise InvalidInput(f"source {name!r} must be worth a number in (0, 1], got {worth!r}")
+            table[name] = float(worth)
+        self._table = table
+
+    def confidence(self, source: object) -> float:
+        if not isinstance(source, str) or source not in self._table:
+            known = ", ".join(f"{k}={v}" for k, v in self._table.items())
+            raise UnknownSource(
+                f"unknown source {source!r}; declared sources are {known}. "
+                f"Declare it first, e.g. Shelf.open(..., sources={{{source!r}: 0.8}})"
+            )
+        return self._table[source]
+
+    def __getitem__(self, key: str) -> float:
+        return self._table[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """A statement about a topic, with its provenance (spec 000)."""
+
+    id: str
+    topic: str
+    content: str
+    source: str
+    confidence: float
+    created_at: datetime
+    expires_at: datetime | None = None
+    last_seen: datetime | None = None
+    observations: int = 1
+    embed_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """Keyed state: one current value per (owner, key)."""
+
+    key: str
+    value: str
+    source: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FactChange:
+    """One entry of a fact's audit trail: the value it had, and when it was set."""
+
+    key: str
+    value: str
+    source: str
+    set_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One turn of a conversation thread."""
+
+    id: str
+    thread: str
+    role: str
+    content: str
+    created_at: datetime
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A memory found by a search, with the score the retriever gave it and which retriever that was."""
+
+    memory: Memory
+    score: float
+    retriever: str  # "keyword", "semantic" or "hybrid" (found by both)
+    details: Mapping[str, float] = field(default_factory=dict)  # each retriever's rank and raw score
+
+
+class SearchResult(list[Hit]):
+    """The hits of one search, best first. `degraded` is True when meaning search was wanted but unavailable."""
+
+    def __init__(self, hits: list[Hit] = (), *, mode: str = "keyword", degraded: bool = False,  # type: ignore[assignment]
+                 reason: str | None = None) -> None:
+        super().__init__(hits)
+        self.mode = mode
+        self.degraded = degraded
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class NewMemory:
+    """A memory about to be stored: validated, with its confidence resolved from its source."""
+
+    topic: str
+    content: str
+    source: str
+    confidence: float
+    expires_at: datetime | None
+    vector: bytes | None = None
+    embed_model: str | None = None
+    created_at: datetime = field(default_factory=utcnow)
+
+
+def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{kind} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInput(f"{kind} is empty or only whitespace: pass the text to store")
+    if len(value) > limit:
+        raise InvalidInput(
+            f"{kind} is {len(value):,} characters; the limit is {limit:,}: split it into shorter statements"
+        )
+    if "\x00" in value:
+        raise InvalidInput(f"{kind} contains a NUL character: remove it before storing")
+    return value
+
+
+def check_topic(topic: object) -> str:
+    if not isinstance(topic, str):
+        raise InvalidInput(f"topic must be a string, got {type(topic).__name__}: pass a short label such as 'network'")
+    return check_text("topic", topic, MAX_TOPIC_CHARS)
+
+
+def check_when(kind: str, value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{kind} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(
+            f"{kind} is a naive datetime: pass an aware one, e.g. datetime.now(timezone.utc) + timedelta(days=7)"
+        )
+    return value.astimezone(timezone.utc)
+
+
+def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime | None:
+    """Turn expires_at (an aware datetime) or ttl (seconds from now) into one UTC instant, or None."""
+    if expires_at is not None and ttl is not None:
+        raise InvalidInput("pass expires_at or ttl, not both")
+    if ttl is not None:
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float, timedelta)):
+            raise InvalidInput(f"ttl must be seconds (a number) or a timedelta, got {type(ttl).__name__}")
+        seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise InvalidInput(f"ttl must be a positive number of seconds, got {ttl!r}")
+        return now + timedelta(seconds=seconds)
+    if expires_at is not None:
+        return check_when("expires_at", expires_at)
+    return None

@@ -1,0 +1,441 @@
+"""Shelf: the one facade that the CLI, the HTTP server and the MCP server all call."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import context as ctx
+from .embedders.base import Embedder, default_embedder_spec, resolve_embedder
+from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
+from .ids import new_id
+from .keywords import keywords
+from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
+                    Message, NewMemory, Owner, SearchResult, Sources, check_text, check_topic, check_when,
+                    resolve_expiry, utcnow)
+from .retrieval import Candidate, fuse
+from .stores.base import Erased, Store, open_store
+from .vectors import pack, unpack
+
+log = logging.getLogger("memshelf")
+
+_DEFAULT = object()
+MODES = ("auto", "keyword", "semantic", "hybrid")
+MAX_LIMIT = 1_000
+MAX_QUERY_TERMS = 12
+DEFAULT_FLOOR = 0.30
+"""Cosine below which a semantic candidate is noise (all-MiniLM-L6-v2; see README for how it was chosen)."""
+CANDIDATES = 50
+"""How many candidates each retriever contributes to a hybrid search."""
+DEFAULT_MESSAGE_TTL = timedelta(days=30)
+DEFAULT_DB = "memshelf.db"
+EXPORT_FORMAT = 1
+
+
+def _check_owner(owner: object) -> Owner:
+    if not isinstance(owner, Owner):
+        raise InvalidInput(f"owner must be memshelf.Owner(tenant, user), got {type(owner).__name__}")
+    return owner
+
+
+def _check_limit(limit: object, name: str = "limit") -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}")
+    return limit
+
+
+class Shelf:
+    """Durable, owned, searchable memory. Open one with `Shelf.open(path_or_url)`."""
+
+    def __init__(self, store: Store, *, embedder: Embedder | None = None, sources: Sources | None = None,
+                 floor: float = DEFAULT_FLOOR, budget: int = ctx.DEFAULT_BUDGET_CHARS,
+                 message_ttl: timedelta | None = DEFAULT_MESSAGE_TTL,
+                 clock: Callable[[], datetime] = utcnow) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.sources = sources or Sources()
+        self.floor = floor
+        self.budget = budget
+        self.message_ttl = message_ttl
+        self._clock = clock
+
+    @classmethod
+    def open(cls, target: str | os.PathLike[str] | None = None, *, embedder: Any = _DEFAULT,
+             sources: Mapping[str, float] | None = None, floor: float | None = None,
+             budget: int | None = None, message_ttl: timedelta | float | None | object = _DEFAULT,
+             clock: Callable[[], datetime] = utcnow) -> "Shelf":
+        """Open (creating if needed) a shelf.
+
+        target: a SQLite file path, ":memory:", or a URL such as postgresql://...; default MEMSHELF_DATABASE_URL,
+        then MEMSHELF_DB, then ./memshelf.db.
+        embedder: "local", "ollama:<model>", "openai:<model>", an Embedder, or None for keyword search only;
+        default MEMSHELF_EMBEDDER, else the offline local model when installed.
+        sources: extra provenance names and what each is worth, e.g. {"sensor": 0.8}.
+        """
+        if target is None:
+            target = os.environ.get("MEMSHELF_DATABASE_URL") or os.environ.get("MEMSHELF_DB") or DEFAULT_DB
+        resolved = resolve_embedder(default_embedder_spec() if embedder is _DEFAULT else embedder)
+        if floor is None:
+            floor = float(os.environ.get("MEMSHELF_FLOOR", DEFAULT_FLOOR))
+        if not -1.0 <= floor <= 1.0:
+            raise ConfigError(f"floor must be a cosine between -1 and 1, got {floor}")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 100):
+            raise ConfigError(f"budget must be a whole number of characters, at least 100, got {budget!r}")
+        ttl = DEFAULT_MESSAGE_TTL if message_ttl is _DEFAULT else message_ttl
+        if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
+            ttl = timedelta(seconds=ttl)
+        store = open_store(os.fspath(target))
+        return cls(store, embedder=resolved, sources=Sources(sources), floor=floor,
+                   budget=budget or ctx.DEFAULT_BUDGET_CHARS, message_ttl=ttl, clock=clock)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "Shelf":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    # ---------------------------------------------------------------- knowledge
+    def remember(self, owner: Owner, topic: str, content: str, source: str = "stated", *,
+                 expires_at: datetime | None = None, ttl: float | timedelta | None = None) -> Memory:
+        """Store a statement. A repeat of the same (topic, content) counts as another observation."""
+        return self.remember_many(owner, [{"topic": topic, "content": content, "source": source,
+                                           "expires_at": expires_at, "ttl": ttl}])[0]
+
+    def remember_many(self, owner: Owner, items: Iterable[Mapping[str, Any]]) -> list[Memory]:
+        """Store several statements in one transaction, embedding them in one batch.
+
+        Each item has topic and content, and optionally source, expires_at, ttl, and a pre-computed `vector`
+        from the configured embedder's model. Nothing is written unless every item is valid.
+        """
+        owner = _check_owner(owner)
+        now = self.now()
+        batch = [self._new_memory(item, now) for item in items]
+        if not batch:
+            return []
+        self._embed_new(batch)
+        return self.store.add_memories(owner, batch, now)
+
+    def _new_memory(self, item: Mapping[str, Any], now: datetime) -> NewMemory:
+        if not isinstance(item, Mapping):
+            raise InvalidInput(f"each memory must be a mapping with topic and content, got {type(item).__name__}")
+        unknown = set(item) - {"topic", "content", "source", "expires_at", "ttl", "vector"}
+        if unknown:
+            raise InvalidInput(f"unknown memory fields {sorted(unknown)}: use topic, content, source, expires_at, ttl")
+        topic = check_topic(item.get("topic"))
+        content = check_text("content", item.get("content"))
+        source = item.get("source") or "stated"
+        confidence = self.sources.confidence(source)
+        expires = resolve_expiry(item.get("expires_at"), item.get("ttl"), now)
+        new = NewMemory(topic, content, source, confidence, expires, created_at=now)
+        if item.get("vector") is not None:
+            new.vector, new.embed_model = self._check_vector(item["vector"])
+        return new
+
+    def _check_vector(self, vector: object) -> tuple[bytes, str]:
+        if self.embedder is None:
+            raise InvalidInput("a vector was given but no embedder is configured: open the shelf with the "
+                               "embedder whose model made the vector")
+        try:
+            array = np.asarray(vector, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput("vector must be a list of numbers") from exc
+        expected = self.embedder.dimensions
+        if array.ndim != 1 or array.shape[0] != expected:
+            raise DimensionMismatch(
+                f"the vector has {array.size} dimensions but the configured embedder {self.embedder.model} makes "
+                f"{expected}-d vectors: embed with {self.embedder.model}, or open the shelf with the model that "
+                "made this vector")
+        if not np.all(np.isfinite(array)):
+            raise InvalidInput("vector contains NaN or infinity: pass finite numbers")
+        return pack(array), self.embedder.model
+
+    def _embed_new(self, batch: Sequence[NewMemory]) -> None:
+        """Embed what has no vector yet. When the embedder is down the memories are stored anyway, keyword
+        searchable, and the next backfill gives them vectors: nothing is lost."""
+        todo = [m for m in batch if m.vector is None]
+        if self.embedder is None or not todo:
+            return
+        try:
+            vectors = self.embedder.embed_batch([m.content for m in todo])
+        except EmbedderUnavailable as exc:
+            log.warning("embedder unavailable, storing %d memories without vectors (run backfill later): %s",
+                        len(todo), exc)
+            return
+        for memory, vector in zip(todo, vectors):
+            memory.vector, memory.embed_model = pack(vector), self.embedder.model
+
+    def get(self, owner: Owner, memory_id: str) -> Memory:
+        found = self.store.get_memory(_check_owner(owner), self._check_id(memory_id), self.now())
+        if found is None:
+            raise NotFound(f"no memory {memory_id!r} for {owner}: check the id with `memshelf search`")
+        return found
+
+    def forget(self, owner: Owner, memory_id: str) -> None:
+        """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
+        if not self.store.delete_memory(_check_owner(owner), self._check_id(memory_id)):
+            raise NotFound(f"no memory {memory_id!r} for {owner}: nothing was deleted; check the id with "
+                           "`memshelf search`")
+
+    @staticmethod
+    def _check_id(memory_id: object) -> str:
+        if not isinstance(memory_id, str) or not memory_id.strip() or len(memory_id) > 200:
+            raise InvalidInput(f"memory id must be a non-empty string such as 'm_3f9c0a1b2d4e5f60', got {memory_id!r}")
+        return memory_id
+
+    # ---------------------------------------------------------------- retrieval
+    def search(self, owner: Owner, question: str, *, mode: str = "auto", limit: int = 5,
+               floor: float | None = None) -> SearchResult:
+        """Find the owner's memories for a question.
+
+        keyword: full-text, ordered by confidence, then match quality, then newest (spec 000).
+        semantic: cosine above `floor`, ordered by (score, confidence) (spec 002).
+        hybrid: both, fused, ordered by confidence then fused score. auto: hybrid with an embedder, else keyword.
+        If the embedder is unreachable, semantic and hybrid fall back to keyword and the result is `degraded`.
+        """
+        owner = _check_owner(owner)
+        if not isinstance(question, str):
+            raise InvalidInput(f"question must be a string, got {type(question).__name__}")
+        check_text("question", question)
+        limit = _check_limit(limit)
+        floor = self.floor if floor is None else float(floor)
+        if mode not in MODES:
+            raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(MODES)}")
+        if mode == "auto":
+            mode = "hybrid" if self.embedder is not None else "keyword"
+        if mode != "keyword" and self.embedder is None:
+            raise ConfigError(f"{mode} search needs an embedder: open the shelf with embedder='local' "
+                              "(or ollama:/openai:), or use mode='keyword'")
+        now = self.now()
+        terms = keywords(question, limit=MAX_QUERY_TERMS)
+        if mode == "keyword":
+            return self._keyword(owner, terms, limit, now)
+        try:
+            query = self.embedder.embed(question)  # type: ignore[union-attr]
+        except EmbedderUnavailable as exc:
+            log.warning("embedder unavailable, searching by keywords only: %s", exc)
+            result = self._keyword(owner, terms, limit, now)
+            result.degraded, result.reason = True, str(exc)
+            return result
+        if mode == "semantic":
+            found = self.store.vector_search(owner, self.embedder.model, query, limit, floor, now)  # type: ignore[union-attr]
+            return SearchResult([Hit(s.memory, s.score, "semantic") for s in found], mode="semantic")
+        return self._hybrid(owner, terms, query, limit, floor, now)
+
+    def _keyword(self, owner: Owner, terms: list[str], limit: int, now: datetime) -> SearchResult:
+        found = self.store.keyword_search(owner, terms, limit, now, by_confidence=True)
+        return SearchResult([Hit(s.memory, s.score, "keyword") for s in found], mode="keyword")
+
+    def _hybrid(self, owner: Owner, terms: list[str], query: np.ndarray, limit: int, floor: float,
+                now: datetime) -> SearchResult:
+        width = max(CANDIDATES, limit)
+        by_words = self.store.keyword_search(owner, terms, width, now, by_confidence=False)
+        by_meaning = self.store.vector_search(owner, self.embedder.model, query, width, floor, now)  # type: ignore[union-attr]
+        fused: list[Candidate] = fuse(by_words, by_meaning)
+        fused.sort(key=lambda c: (-c.memory.confidence, -c.score, -c.memory.created_at.timestamp()))
+        return SearchResult([Hit(c.memory, c.score, c.retriever, c.details) for c in fused[:limit]], mode="hybrid")
+
+    def context(self, owner: Owner, question: str, *, limit: int = 3, mode: str = "auto") -> str:
+        """The `Relevant knowledge (...)` block for a question, or "" when nothing matches."""
+        return ctx.knowledge_block(self.search(owner, question, mode=mode, limit=limit), self.budget)
+
+    def build_prompt(self, base_prompt: str, owner: Owner, user_text: str, *, limit: int = 3,
+                     mode: str = "auto") -> str:
+        """base prompt + `Memory context:` (facts, always) + relevant knowledge (only when something matches)."""
+        if not isinstance(base_prompt, str):
+            raise InvalidInput(f"base_prompt must be a string, got {type(base_prompt).__name__}")
+        if not isinstance(user_text, str):
+            raise InvalidInput(f"user_text must be a string, got {type(user_text).__name__}")
+        hits = self.search(owner, user_text, mode=mode, limit=limit) if user_text.strip() else []
+        return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget)
+
+    # ---------------------------------------------------------------- facts
+    def set_fact(self, owner: Owner, key: str, value: str, source: str = "stated") -> Fact:
+        """Set the one current value of a fact; the old value stays in fact_history."""
+        owner = _check_owner(owner)
+        key = check_text("fact key", key, MAX_FACT_KEY_CHARS)
+        value = check_text("fact value", value, MAX_FACT_VALUE_CHARS)
+        self.sources.confidence(source)
+        return self.store.set_fact(owner, key, value, source, self.now())
+
+    def facts(self, owner: Owner) -> list[Fact]:
+        """The owner's current facts, most recently set first."""
+        return self.store.facts(_check_owner(owner))
+
+    get_facts = facts
+
+    def fact_history(self, owner: Owner, key: str | None = None) -> list[FactChange]:
+        return self.store.fact_history(_check_owner(owner), key)
+
+    def forget_fact(self, owner: Owner, key: str) -> None:
+        if not self.store.delete_fact(_check_owner(owner), check_text("fact key", key, MAX_FACT_KEY_CHARS)):
+            raise NotFound(f"no fact {key!r} for {owner}: list them with `memshelf facts`")
+
+    # ---------------------------------------------------------------- messages
+    def log_message(self, owner: Owner, thread: str, role: str, content: str, *,
+                    ttl: float | timedelta | None | object = _DEFAULT) -> Message:
+        """Append one conversation turn. Messages expire after the shelf's message_ttl unless ttl says otherwise;
+        they are never returned as knowledge."""
+        owner = _check_owner(owner)
+        thread = check_text("thread", thread, MAX_TOPIC_CHARS)
+        role = check_text("role", role, 64)
+        content = check_text("content", content)
+        now = self.now()
+        ttl = self.message_ttl if ttl is _DEFAULT else ttl
+        expires = resolve_expiry(None, ttl, now) if ttl is not None else None
+        return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))
+
+    def messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50) -> list[Message]:
+        """The newest `limit` messages of a thread (or of all threads), oldest first."""
+        return self.store.messages(_check_owner(owner), thread, _check_limit(limit), self.now())
+
+    # ---------------------------------------------------------------- erasure
+    def forget_user(self, owner: Owner) -> Erased:
+        """Erase every trace of the owner: memories, vectors, index entries, facts and their history, messages."""
+        return self.store.erase_user(_check_owner(owner))
+
+    def forget_tenant(self, tenant: str) -> Erased:
+        """Admin: erase every user of a tenant."""
+        Owner(tenant, "-")  # same validation as an owner's tenant
+        return self.store.erase_tenant(tenant)
+
+    def purge_expired(self) -> Erased:
+        """Delete, for good, every memory and message whose expiry has passed (they are already invisible)."""
+        return self.store.purge_expired(self.now())
+
+    # ---------------------------------------------------------------- vectors
+    def backfill(self, *, batch_size: int = 64, progress: Callable[[int, int], None] | None = None) -> int:
+        """Embed every memory whose vector is missing or from another model, batch by batch.
+
+        Each batch is committed on its own, so an interrupted backfill resumes where it stopped.
+        Returns how many memories were embedded.
+        """
+        if self.embedder is None:
+            raise ConfigError("backfill needs an embedder: open the shelf with embedder='local' (or ollama:/openai:)")
+        model = self.embedder.model
+        total = self.store.count_pending_vectors(model)
+        done, after = 0, 0
+        while True:
+            pending = self.store.pending_vectors(model, after, batch_size)
+            if not pending:
+                break
+            vectors = self.embedder.embed_batch([p.text for p in pending])
+            self.store.set_vectors(model, [(p.key, pack(v)) for p, v in zip(pending, vectors)])
+            done += len(pending)
+            after = pending[-1].key
+            if progress is not None:
+                progress(done, total)
+        return done
+
+    # ---------------------------------------------------------------- export / import
+    def export(self, owner: Owner) -> Iterator[dict[str, Any]]:
+        """Every record of the owner as JSON-ready dicts (one per JSON Lines row), expired ones included."""
+        owner = _check_owner(owner)
+        yield {"kind": "memshelf-export", "format": EXPORT_FORMAT}
+        for memory, blob in self.store.iter_memories(owner, None):
+            yield _memory_record(memory, blob)
+        for fact in reversed(self.store.facts(owner)):
+            yield {"kind": "fact", "key": fact.key, "value": fact.value, "source": fact.source,
+                   "updated_at": _iso(fact.updated_at)}
+        for change in self.store.fact_history(owner, None):
+            yield {"kind": "fact_change", "key": change.key, "value": change.value, "source": change.source,
+                   "set_at": _iso(change.set_at)}
+        for message in self.store.messages(owner, None, 2**62, None):
+            yield {"kind": "message", "id": message.id, "thread": message.thread, "role": message.role,
+                   "content": message.content, "created_at": _iso(message.created_at),
+                   "expires_at": _iso(message.expires_at)}
+
+    def import_(self, owner: Owner, records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+        """Load records made by export() into this owner, all or nothing. Records the owner already has are
+        skipped, so importing twice adds nothing."""
+        owner = _check_owner(owner)
+        memories: list[Memory] = []
+        blobs: list[bytes | None] = []
+        facts: list[Fact] = []
+        changes: list[FactChange] = []
+        messages: list[Message] = []
+        for number, record in enumerate(records, 1):
+            try:
+                kind = record["kind"]
+                if kind == "memshelf-export":
+                    if record.get("format") != EXPORT_FORMAT:
+                        raise InvalidInput(f"export format {record.get('format')!r} is not {EXPORT_FORMAT}: "
+                                           "upgrade memshelf to read it")
+                elif kind == "memory":
+                    memory, blob = self._memory_from_record(record)
+                    memories.append(memory)
+                    blobs.append(blob)
+                elif kind == "fact":
+                    facts.append(Fact(check_text("fact key", record["key"], MAX_FACT_KEY_CHARS),
+                                      check_text("fact value", record["value"], MAX_FACT_VALUE_CHARS),
+                                      self._known_source(record["source"]), _when(record["updated_at"])))
+                elif kind == "fact_change":
+                    changes.append(FactChange(check_text("fact key", record["key"], MAX_FACT_KEY_CHARS),
+                                              check_text("fact value", record["value"], MAX_FACT_VALUE_CHARS),
+                                              self._known_source(record["source"]), _when(record["set_at"])))
+                elif kind == "message":
+                    messages.append(Message(self._check_id(record["id"]), check_text("thread", record["thread"]),
+                                            check_text("role", record["role"], 64),
+                                            check_text("content", record["content"]),
+                                            _when(record["created_at"]), _when(record.get("expires_at"))))
+                else:
+                    raise InvalidInput(f"unknown record kind {kind!r}")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InvalidInput(f"import record {number} is malformed ({exc}): nothing was imported; "
+                                   "fix the record or re-export") from exc
+        with self.store.atomic():
+            counts = {"memories": self.store.import_memories(owner, memories, blobs),
+                      "facts": self.store.import_facts(owner, facts, changes),
+                      "messages": self.store.import_messages(owner, messages)}
+        return counts
+
+    def _known_source(self, source: object) -> str:
+        self.sources.confidence(source)
+        return source  # type: ignore[return-value]
+
+    def _memory_from_record(self, record: Mapping[str, Any]) -> tuple[Memory, bytes | None]:
+        self._known_source(record["source"])
+        blob = base64.b64decode(record["embedding"], validate=True) if record.get("embedding") else None
+        if blob is not None and (len(blob) % 4 or not record.get("embed_model")):
+            raise InvalidInput("embedding must be base64 float32 with its embed_model")
+        memory = Memory(id=self._check_id(record["id"]), topic=check_topic(record["topic"]),
+                        content=check_text("content", record["content"]), source=record["source"],
+                        confidence=float(record["confidence"]), created_at=_when(record["created_at"]),
+                        expires_at=_when(record.get("expires_at")), last_seen=_when(record.get("last_seen")),
+                        observations=int(record.get("observations", 1)), embed_model=record.get("embed_model"))
+        return memory, blob
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.store.stats(), "embedder": self.embedder.model if self.embedder else None}
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat(timespec="microseconds")
+
+
+def _when(text: object) -> datetime | None:
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InvalidInput(f"timestamps must be ISO 8601 strings, got {type(text).__name__}")
+    return check_when("timestamp", datetime.fromisoformat(text))
+
+
+def _memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
+    return {"kind": "memory", "id": memory.id, "topic": memory.topic, "content": memory.content,
+            "source": memory.source, "confidence": memory.confidence, "created_at": _iso(memory.created_at),
+            "last_seen": _iso(memory.last_seen), "observations": memory.observations,
+            "expires_at": _iso(memory.expires_at),
+            "embed_model": memory.embed_model if blob is not None else None,
+            "embedding": base64.b64encode(blob).decode() if blob is not None else None}

@@ -1,0 +1,169 @@
+"""What a storage backend provides. Business rules (validation, sources, fusion, formatting) live in the Shelf;
+a store only keeps rows and finds them, always inside the owner's scope."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A memory and the raw score one retriever gave it (bm25 relevance or cosine similarity)."""
+
+    memory: Memory
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Erased:
+    """How many records an erase or purge removed."""
+
+    memories: int = 0
+    facts: int = 0
+    fact_changes: int = 0
+    messages: int = 0
+
+    def __add__(self, other: "Erased") -> "Erased":
+        return Erased(self.memories + other.memories, self.facts + other.facts,
+                      self.fact_changes + other.fact_changes, self.messages + other.messages)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"memories": self.memories, "facts": self.facts, "fact_changes": self.fact_changes,
+                "messages": self.messages}
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A memory waiting for a vector of the current model (backfill)."""
+
+    key: int
+    text: str
+
+
+class Store(ABC):
+    """A backend. Every method that reads or writes records takes the owner and filters by it in the query."""
+
+    @abstractmethod
+    def atomic(self) -> AbstractContextManager[None]:
+        """A transaction: commits on success, rolls back on any exception, nests with savepoints."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # memories
+    @abstractmethod
+    def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
+        """Insert, or for an identical (topic, content) bump observations and last_seen. Returns each stored row."""
+
+    @abstractmethod
+    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None]) -> int:
+        """Insert exported memories as they were (ids, times, counts); skip ones the owner already has."""
+
+    @abstractmethod
+    def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None: ...
+
+    @abstractmethod
+    def delete_memory(self, owner: Owner, memory_id: str) -> bool: ...
+
+    @abstractmethod
+    def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
+        """Every memory of the owner, oldest first, with its vector blob; expired ones too when now is None."""
+
+    @abstractmethod
+    def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
+                       by_confidence: bool) -> list[Scored]:
+        """Full-text search over topic and content, terms OR-ed with prefix matching.
+
+        Ordered by confidence, then relevance, then newest when by_confidence; else relevance, then newest.
+        """
+
+    @abstractmethod
+    def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
+                      now: datetime) -> list[Scored]:
+        """Cosine against the owner's vectors stamped with `model`, at least `floor`, best first."""
+
+    @abstractmethod
+    def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
+        """Memories (any owner) with no vector or one of another model, key > after, in key order."""
+
+    @abstractmethod
+    def count_pending_vectors(self, model: str) -> int: ...
+
+    @abstractmethod
+    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
+        """Store vectors by Pending.key (backfill)."""
+
+    # facts
+    @abstractmethod
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact: ...
+
+    @abstractmethod
+    def facts(self, owner: Owner) -> list[Fact]:
+        """Current facts, most recently set first."""
+
+    @abstractmethod
+    def fact_history(self, owner: Owner, key: str | None) -> list[FactChange]:
+        """Every value a fact (or all facts) had, oldest first."""
+
+    @abstractmethod
+    def delete_fact(self, owner: Owner, key: str) -> bool: ...
+
+    @abstractmethod
+    def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int: ...
+
+    # messages
+    @abstractmethod
+    def add_message(self, owner: Owner, message: Message) -> Message: ...
+
+    @abstractmethod
+    def messages(self, owner: Owner, thread: str | None, limit: int, now: datetime | None) -> list[Message]:
+        """The newest `limit` messages of a thread (all threads when None), returned oldest first."""
+
+    @abstractmethod
+    def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int: ...
+
+    # erasure
+    @abstractmethod
+    def erase_user(self, owner: Owner) -> Erased:
+        """Remove every trace of the owner: memories, vectors, index entries, facts, history, messages."""
+
+    @abstractmethod
+    def erase_tenant(self, tenant: str) -> Erased: ...
+
+    @abstractmethod
+    def purge_expired(self, now: datetime) -> Erased: ...
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+StoreFactory = Callable[[str], Store]
+_SCHEMES: dict[str, StoreFactory] = {}
+
+
+def register_store(scheme: str, factory: StoreFactory) -> None:
+    """Open targets that start with `scheme://` with `factory(target)`. Plain paths open the 'sqlite' store."""
+    _SCHEMES[scheme] = factory
+
+
+def open_store(target: str) -> Store:
+    scheme, sep, _ = target.partition("://")
+    if not sep:
+        scheme = "sqlite"
+    factory = _SCHEMES.get(scheme.lower())
+    if factory is None:
+        known = ", ".join(sorted(_SCHEMES))
+        raise ConfigError(
+            f"no storage backend for {scheme!r} URLs (known: {known}); pass a file path for SQLite, "
+            "or postgresql://... with the 'postgres' extra installed"
+        )
+    return factory(target)

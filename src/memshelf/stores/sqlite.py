@@ -1,0 +1,449 @@
+"""The embedded default: one SQLite file, WAL, FTS5 for keywords, numpy for exact vector search."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import DimensionMismatch, InvalidInput, StoreError
+from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
+from ..vectors import VectorMatrix, top_k
+from .base import Erased, Pending, Scored, Store, register_store
+from .sqlite_schema import MIGRATIONS
+
+BUSY_TIMEOUT_MS = 30_000
+_TS = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
+
+
+def ts(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(timezone.utc).strftime(_TS)
+
+
+def parse_ts(value: str | None) -> datetime | None:
+    return None if value is None else datetime.strptime(value, _TS).replace(tzinfo=timezone.utc)
+
+
+def digest(topic: str, content: str) -> str:
+    """Identity of a memory's text within an owner: identical (topic, content) is stored once."""
+    return hashlib.sha256(f"{topic}\x00{content}".encode()).hexdigest()
+
+
+_MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
+                   "m.last_seen, m.observations, m.embed_model")
+
+
+def _memory(row: Sequence) -> Memory:
+    return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
+                  created_at=parse_ts(row[5]), expires_at=parse_ts(row[6]), last_seen=parse_ts(row[7]),
+                  observations=row[8], embed_model=row[9])
+
+
+def fts_query(terms: Sequence[str]) -> str:
+    """Each term as a quoted FTS5 string with prefix matching, OR-ed: user text is never FTS5 syntax."""
+    return " OR ".join('"' + term.replace('"', '""') + '"*' for term in terms)
+
+
+@dataclass
+class _OwnerVectors:
+    generation: int
+    matrix: VectorMatrix
+
+
+class SQLiteStore(Store):
+    """One file (or ':memory:'), one connection per thread, WAL so several processes can share the file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._memory_db = path == ":memory:" or path.startswith("file::memory:")
+        if self._memory_db:
+            # One shared in-memory database for every thread of this store.
+            self._uri = f"file:memshelf-{id(self)}?mode=memory&cache=shared"
+        else:
+            parent = Path(path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise StoreError(f"cannot open {path}: folder {parent} does not exist; create it first")
+            self._uri = Path(path).expanduser().resolve().as_uri()
+        self._local = threading.local()
+        self._all_connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._vectors: dict[tuple[str, str, str], _OwnerVectors] = {}
+        self._keepalive = self._connection()  # holds a shared in-memory database open
+        self._migrate()
+
+    # connections and transactions
+    def _connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, check_same_thread=False,
+                                       timeout=BUSY_TIMEOUT_MS / 1000)
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                if not self._memory_db:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA secure_delete = ON")  # erased text is overwritten, not left in free pages
+                conn.execute("PRAGMA foreign_keys = ON")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open SQLite database {self.path}: {exc}; check the path and permissions") from exc
+            self._local.conn = conn
+            self._local.depth = 0
+            with self._lock:
+                self._all_connections.append(conn)
+        return conn
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        conn = self._connection()
+        depth = self._local.depth
+        name = f"sp{depth}"
+        conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT {name}")
+        self._local.depth = depth + 1
+        try:
+            yield
+        except BaseException:
+            self._local.depth = depth
+            if depth == 0:
+                conn.execute("ROLLBACK")
+            else:
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+            raise
+        else:
+            self._local.depth = depth
+            conn.execute("COMMIT" if depth == 0 else f"RELEASE {name}")
+
+    def _q(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
+        try:
+            return self._connection().execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite failed ({exc}); if the file is locked by another program, retry") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all_connections:
+                conn.close()
+            self._all_connections.clear()
+        self._local = threading.local()
+        self._vectors.clear()
+
+    def _migrate(self) -> None:
+        conn = self._connection()
+        conn.execute("CREATE TABLE IF NOT EXISTS memshelf_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+        for name, script in MIGRATIONS:
+            with self.atomic():
+                if conn.execute("SELECT 1 FROM memshelf_migrations WHERE name = ?", (name,)).fetchone():
+                    continue
+                for statement in _split_sql(script):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
+                             (name, ts(datetime.now(timezone.utc))))
+
+    def applied_migrations(self) -> list[str]:
+        return [r[0] for r in self._q("SELECT name FROM memshelf_migrations ORDER BY name")]
+
+    # memories
+    def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
+        from ..ids import new_id
+
+        stored: list[Memory] = []
+        with self.atomic():
+            for item in items:
+                key = digest(item.topic, item.content)
+                row = self._q(
+                    f"SELECT m.pk, {_MEMORY_COLUMNS} FROM memories m "
+                    "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
+                    (owner.tenant, owner.user, key)).fetchone()
+                if row is None:
+                    self._q(
+                        "INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence,"
+                        " created_at, last_seen, observations, expires_at, embedding, embed_model)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
+                        (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
+                         item.confidence, ts(item.created_at), ts(now), ts(item.expires_at), item.vector,
+                         item.embed_model))
+                else:
+                    self._observe_again(row, item, now)
+                got = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+                              "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
+                              (owner.tenant, owner.user, key)).fetchone()
+                stored.append(_memory(got))
+        return stored
+
+    def _observe_again(self, row: Sequence, item: NewMemory, now: datetime) -> None:
+        """A repeat observation: count it, refresh last_seen, keep the better source and the later expiry.
+
+        An expired row that is observed again comes back to life with the new expiry.
+        """
+        old = _memory(row[1:])
+        stronger = item.confidence > old.confidence
+        if old.expires_at is not None and old.expires_at <= now:
+            expires = item.expires_at
+        elif old.expires_at is None or item.expires_at is None:
+            expires = None
+        else:
+            expires = max(old.expires_at, item.expires_at)
+        vector_update = item.vector is not None and old.embed_model != item.embed_model
+        self._q(
+            "UPDATE memories SET observations = observations + 1, last_seen = ?, expires_at = ?,"
+            " source = ?, confidence = ?"
+            + (", embedding = ?, embed_model = ?" if vector_update else "")
+            + " WHERE pk = ?",
+            (ts(now), ts(expires), item.source if stronger else old.source,
+             item.confidence if stronger else old.confidence,
+             *((item.vector, item.embed_model) if vector_update else ()), row[0]))
+
+    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None]) -> int:
+        added = 0
+        with self.atomic():
+            for memory, vector in zip(items, vectors):
+                cur = self._q(
+                    "INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence,"
+                    " created_at, last_seen, observations, expires_at, embedding, embed_model)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
+                     digest(memory.topic, memory.content), memory.source, memory.confidence,
+                     ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
+                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None))
+                added += cur.rowcount
+        return added
+
+    def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
+        row = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ? AND m.id = ?"
+                      " AND (m.expires_at IS NULL OR m.expires_at > ?)",
+                      (owner.tenant, owner.user, memory_id, ts(now))).fetchone()
+        return None if row is None else _memory(row)
+
+    def delete_memory(self, owner: Owner, memory_id: str) -> bool:
+        with self.atomic():
+            cur = self._q("DELETE FROM memories WHERE tenant = ? AND user_id = ? AND id = ?",
+                          (owner.tenant, owner.user, memory_id))
+        if cur.rowcount:
+            self._scrub()
+        return cur.rowcount > 0
+
+    def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
+        sql = (f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
+               + ("" if now is None else " AND (m.expires_at IS NULL OR m.expires_at > ?)")
+               + " ORDER BY m.pk")
+        params = (owner.tenant, owner.user) + (() if now is None else (ts(now),))
+        for row in self._q(sql, params).fetchall():
+            yield _memory(row), row[10]
+
+    def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
+                       by_confidence: bool) -> list[Scored]:
+        if not terms:
+            return []
+        order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
+            "rank, m.created_at DESC, m.pk DESC"
+        rows = self._q(
+            f"SELECT {_MEMORY_COLUMNS}, bm25(memories_fts) AS rank"
+            " FROM memories_fts JOIN memories m ON m.pk = memories_fts.rowid"
+            " WHERE memories_fts MATCH ? AND m.tenant = ? AND m.user_id = ?"
+            " AND (m.expires_at IS NULL OR m.expires_at > ?)"
+            f" ORDER BY {order} LIMIT ?",
+            (fts_query(terms), owner.tenant, owner.user, ts(now), limit)).fetchall()
+        # bm25() is lower-is-better; report higher-is-better.
+        return [Scored(_memory(r), -float(r[10])) for r in rows]
+
+    # vectors
+    def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
+                      now: datetime) -> list[Scored]:
+        matrix = self._owner_vectors(owner, model)
+        if matrix.size == 0:
+            return []
+        if query.shape[0] != matrix.dimensions:
+            raise DimensionMismatch(
+                f"the question's vector from {model} has {query.shape[0]} dimensions but this owner's stored "
+                f"{model} vectors have {matrix.dimensions}: the service now serves another model under that name; "
+                "give it a distinct name or run backfill after switching")
+        picks = top_k(matrix, query, limit, floor, now.timestamp())
+        if not picks:
+            return []
+        keys = [int(matrix.keys[i]) for i, _ in picks]
+        marks = ",".join("?" * len(keys))
+        rows = {r[10]: r for r in self._q(
+            f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
+            " AND m.tenant = ? AND m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)",
+            (*keys, owner.tenant, owner.user, ts(now))).fetchall()}
+        return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
+
+    def _owner_vectors(self, owner: Owner, model: str) -> VectorMatrix:
+        row = self._q("SELECT generation FROM owner_generation WHERE tenant = ? AND user_id = ?",
+                      (owner.tenant, owner.user)).fetchone()
+        generation = row[0] if row else 0
+        cache_key = (owner.tenant, owner.user, model)
+        cached = self._vectors.get(cache_key)
+        if cached is not None and cached.generation == generation:
+            return cached.matrix
+        rows = self._q(
+            "SELECT pk, embedding, confidence, expires_at FROM memories"
+            " WHERE tenant = ? AND user_id = ? AND embed_model = ? AND embedding IS NOT NULL ORDER BY pk",
+            (owner.tenant, owner.user, model)).fetchall()
+        matrix = VectorMatrix.build(model, rows, parse_ts)
+        self._vectors[cache_key] = _OwnerVectors(generation, matrix)
+        return matrix
+
+    def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
+        rows = self._q("SELECT pk, content FROM memories WHERE pk > ? AND (embed_model IS NULL OR embed_model != ?"
+                       " OR embedding IS NULL) ORDER BY pk LIMIT ?", (after, model, limit)).fetchall()
+        return [Pending(r[0], r[1]) for r in rows]
+
+    def count_pending_vectors(self, model: str) -> int:
+        return self._q("SELECT count(*) FROM memories WHERE embed_model IS NULL OR embed_model != ?"
+                       " OR embedding IS NULL", (model,)).fetchone()[0]
+
+    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
+        with self.atomic():
+            for key, blob in rows:
+                self._q("UPDATE memories SET embedding = ?, embed_model = ? WHERE pk = ?", (blob, model, key))
+
+    # facts
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact:
+        with self.atomic():
+            self._q("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id, key)"
+                    " DO UPDATE SET value = excluded.value, source = excluded.source, updated_at = excluded.updated_at",
+                    (owner.tenant, owner.user, key, value, source, ts(now)))
+            self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (owner.tenant, owner.user, key, value, source, ts(now)))
+        return Fact(key, value, source, now)
+
+    def facts(self, owner: Owner) -> list[Fact]:
+        rows = self._q("SELECT key, value, source, updated_at FROM facts WHERE tenant = ? AND user_id = ?"
+                       " ORDER BY updated_at DESC, key", (owner.tenant, owner.user)).fetchall()
+        return [Fact(r[0], r[1], r[2], parse_ts(r[3])) for r in rows]
+
+    def fact_history(self, owner: Owner, key: str | None) -> list[FactChange]:
+        sql = "SELECT key, value, source, set_at FROM fact_history WHERE tenant = ? AND user_id = ?"
+        params: tuple = (owner.tenant, owner.user)
+        if key is not None:
+            sql += " AND key = ?"
+            params += (key,)
+        rows = self._q(sql + " ORDER BY pk", params).fetchall()
+        return [FactChange(r[0], r[1], r[2], parse_ts(r[3])) for r in rows]
+
+    def delete_fact(self, owner: Owner, key: str) -> bool:
+        with self.atomic():
+            cur = self._q("DELETE FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
+                          (owner.tenant, owner.user, key))
+            self._q("DELETE FROM fact_history WHERE tenant = ? AND user_id = ? AND key = ?",
+                    (owner.tenant, owner.user, key))
+        return cur.rowcount > 0
+
+    def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
+        with self.atomic():
+            for change in changes:
+                self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        (owner.tenant, owner.user, change.key, change.value, change.source, ts(change.set_at)))
+            added = 0
+            for fact in facts:
+                cur = self._q("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                              (owner.tenant, owner.user, fact.key, fact.value, fact.source, ts(fact.updated_at)))
+                added += cur.rowcount
+        return added
+
+    # messages
+    def add_message(self, owner: Owner, message: Message) -> Message:
+        with self.atomic():
+            self._q("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (message.id, owner.tenant, owner.user, message.thread, message.role, message.content,
+                     ts(message.created_at), ts(message.expires_at)))
+        return message
+
+    def messages(self, owner: Owner, thread: str | None, limit: int, now: datetime | None) -> list[Message]:
+        sql = ("SELECT id, thread, role, content, created_at, expires_at FROM messages"
+               " WHERE tenant = ? AND user_id = ?")
+        params: tuple = (owner.tenant, owner.user)
+        if thread is not None:
+            sql += " AND thread = ?"
+            params += (thread,)
+        if now is not None:
+            sql += " AND (expires_at IS NULL OR expires_at > ?)"
+            params += (ts(now),)
+        rows = self._q(sql + " ORDER BY pk DESC LIMIT ?", params + (limit,)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], parse_ts(r[4]), parse_ts(r[5])) for r in reversed(rows)]
+
+    def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
+        added = 0
+        with self.atomic():
+            for m in messages:
+                cur = self._q("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                              (m.id, owner.tenant, owner.user, m.thread, m.role, m.content, ts(m.created_at),
+                               ts(m.expires_at)))
+                added += cur.rowcount
+        return added
+
+    # erasure
+    def _erase(self, where: str, params: tuple) -> Erased:
+        with self.atomic():
+            counts = Erased(
+                memories=self._q(f"DELETE FROM memories WHERE {where}", params).rowcount,
+                facts=self._q(f"DELETE FROM facts WHERE {where}", params).rowcount,
+                fact_changes=self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount,
+                messages=self._q(f"DELETE FROM messages WHERE {where}", params).rowcount,
+            )
+            self._q(f"DELETE FROM owner_generation WHERE {where}", params)
+        self._vectors.clear()
+        self._scrub()
+        return counts
+
+    def erase_user(self, owner: Owner) -> Erased:
+        return self._erase("tenant = ? AND user_id = ?", (owner.tenant, owner.user))
+
+    def erase_tenant(self, tenant: str) -> Erased:
+        return self._erase("tenant = ?", (tenant,))
+
+    def purge_expired(self, now: datetime) -> Erased:
+        stamp = ts(now)
+        with self.atomic():
+            counts = Erased(
+                memories=self._q("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                                 (stamp,)).rowcount,
+                messages=self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                                 (stamp,)).rowcount,
+            )
+        if counts.memories or counts.messages:
+            self._scrub()
+        return counts
+
+    def _scrub(self) -> None:
+        """Leave no copy of erased text behind: merge the full-text index (dropping deleted entries from its
+        segments) and checkpoint the WAL so old page images are overwritten. secure_delete zeroes freed pages."""
+        self._q("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+        if not self._memory_db:
+            self._q("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "memories": self._q("SELECT count(*) FROM memories").fetchone()[0],
+            "facts": self._q("SELECT count(*) FROM facts").fetchone()[0],
+            "messages": self._q("SELECT count(*) FROM messages").fetchone()[0],
+        }
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements; trigger bodies contain semicolons, so use SQLite's own judgement."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        if line.strip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        raise InvalidInput(f"incomplete SQL in migration: {buffer[:80]!r}")
+    return statements
+
+
+register_store("sqlite", lambda target: SQLiteStore(target.removeprefix("sqlite://")))

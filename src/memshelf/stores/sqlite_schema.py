@@ -1,0 +1,98 @@
+"""SQLite migrations: named, append-only, each applied once in its own transaction and recorded."""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("m001_initial", """
+CREATE TABLE memories (
+    pk           INTEGER PRIMARY KEY,
+    id           TEXT NOT NULL,
+    tenant       TEXT NOT NULL,
+    user_id      TEXT NOT NULL,
+    topic        TEXT NOT NULL,
+    content      TEXT NOT NULL,
+    digest       TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    confidence   REAL NOT NULL,
+    created_at   TEXT NOT NULL,
+    last_seen    TEXT NOT NULL,
+    observations INTEGER NOT NULL DEFAULT 1,
+    expires_at   TEXT,
+    embedding    BLOB,
+    embed_model  TEXT,
+    UNIQUE (tenant, user_id, id),
+    UNIQUE (tenant, user_id, digest)
+);
+CREATE INDEX memories_owner_created ON memories (tenant, user_id, created_at);
+CREATE INDEX memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX memories_model ON memories (embed_model, pk);
+
+-- Full-text index over topic and content. External content: the text lives once, in memories.
+CREATE VIRTUAL TABLE memories_fts USING fts5(
+    topic, content, content='memories', content_rowid='pk',
+    tokenize='porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
+    INSERT INTO memories_fts (rowid, topic, content) VALUES (new.pk, new.topic, new.content);
+END;
+CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+    INSERT INTO memories_fts (memories_fts, rowid, topic, content) VALUES ('delete', old.pk, old.topic, old.content);
+END;
+
+-- A per-owner counter that moves whenever the owner's vectors may have changed; the in-process vector
+-- matrix is rebuilt when it moves, so several processes can share one file.
+CREATE TABLE owner_generation (
+    tenant     TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    PRIMARY KEY (tenant, user_id)
+) WITHOUT ROWID;
+CREATE TRIGGER memories_gen_insert AFTER INSERT ON memories BEGIN
+    INSERT INTO owner_generation VALUES (new.tenant, new.user_id, 1)
+    ON CONFLICT (tenant, user_id) DO UPDATE SET generation = generation + 1;
+END;
+CREATE TRIGGER memories_gen_delete AFTER DELETE ON memories BEGIN
+    UPDATE owner_generation SET generation = generation + 1
+    WHERE tenant = old.tenant AND user_id = old.user_id;
+END;
+CREATE TRIGGER memories_gen_update AFTER UPDATE OF embedding, embed_model, expires_at, confidence ON memories BEGIN
+    UPDATE owner_generation SET generation = generation + 1
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+END;
+
+CREATE TABLE facts (
+    tenant     TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    source     TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, user_id, key)
+);
+CREATE TABLE fact_history (
+    pk      INTEGER PRIMARY KEY,
+    tenant  TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    source  TEXT NOT NULL,
+    set_at  TEXT NOT NULL
+);
+CREATE INDEX fact_history_owner ON fact_history (tenant, user_id, key, pk);
+
+CREATE TABLE messages (
+    pk         INTEGER PRIMARY KEY,
+    id         TEXT NOT NULL,
+    tenant     TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    thread     TEXT NOT NULL,
+    role       TEXT NOT NULL,
+    content    TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at TEXT,
+    UNIQUE (tenant, user_id, id)
+);
+CREATE INDEX messages_thread ON messages (tenant, user_id, thread, pk);
+CREATE INDEX messages_expiry ON messages (expires_at) WHERE expires_at IS NOT NULL;
+"""),
+]
