@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
+import secrets
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -20,7 +22,7 @@ from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, F
                     Message, NewMemory, Owner, SearchResult, Sources, check_text, check_topic, check_when,
                     resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
-from .stores.base import Erased, Store, open_store
+from .stores.base import ApiKey, Erased, Store, open_store
 from .vectors import pack, unpack
 
 log = logging.getLogger("memshelf")
@@ -416,8 +418,38 @@ class Shelf:
                         observations=int(record.get("observations", 1)), embed_model=record.get("embed_model"))
         return memory, blob
 
+    # ---------------------------------------------------------------- API keys (for `memshelf serve`)
+    def create_key(self, tenant: str | None, name: str = "") -> tuple[ApiKey, str]:
+        """Make an API key bound to `tenant` (None: an admin key). Returns the key and its secret, which is
+        shown this once: only a hash of it is stored."""
+        if tenant is not None:
+            Owner(tenant, "-")  # same validation as an owner's tenant
+        name = name or ("admin" if tenant is None else tenant)
+        key = ApiKey(new_id("key"), tenant, check_text("key name", name, MAX_TOPIC_CHARS), self.now())
+        secret = f"ms_{secrets.token_urlsafe(32)}"
+        self.store.add_key(key, _hash_secret(secret))
+        return key, secret
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        """The live key for this secret, or None for a wrong or revoked one."""
+        if not isinstance(secret, str) or not secret.startswith("ms_") or len(secret) > 200:
+            return None
+        return self.store.key_by_hash(_hash_secret(secret))
+
+    def list_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        return self.store.list_keys(tenant)
+
+    def revoke_key(self, key_id: str) -> None:
+        if not self.store.revoke_key(self._check_id(key_id), self.now()):
+            raise NotFound(f"no live key {key_id!r}: list them with `memshelf keys list`")
+
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "embedder": self.embedder.model if self.embedder else None}
+
+
+def _hash_secret(secret: str) -> str:
+    # Secrets are 256 random bits, so a fast hash is safe here; a slow KDF would only slow every request.
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _iso(when: datetime | None) -> str | None:

@@ -42,6 +42,21 @@ class Erased:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key's public half: the secret itself is shown once and only its hash is kept."""
+
+    id: str
+    tenant: str | None  # None for an admin key
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    @property
+    def admin(self) -> bool:
+        return self.tenant is None
+
+
+@dataclass(frozen=True, slots=True)
 class Pending:
     """A memory waiting for a vector of the current model (backfill)."""
 
@@ -141,6 +156,24 @@ class Store(ABC):
 
     @abstractmethod
     def purge_expired(self, now: datetime) -> Erased: ...
+
+    # API keys of the HTTP server (only their hashes are stored)
+    @abstractmethod
+    def add_key(self, key: ApiKey, secret_hash: str) -> None: ...
+
+    @abstractmethod
+    def key_by_hash(self, secret_hash: str) -> ApiKey | None:
+        """The live (not revoked) key with this hash."""
+
+    @abstractmethod
+    def list_keys(self, tenant: str | None) -> list[ApiKey]: ...
+
+    @abstractmethod
+    def revoke_key(self, key_id: str, now: datetime) -> bool: ...
+
+    @abstractmethod
+    def owners(self) -> list[Owner]:
+        """Every owner with at least one record (for migration between backends)."""
 
     def stats(self) -> dict[str, int]:
         return {}

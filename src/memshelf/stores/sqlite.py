@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, StoreError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import VectorMatrix, top_k
-from .base import Erased, Pending, Scored, Store, register_store
+from .base import ApiKey, Erased, Pending, Scored, Store, register_store
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
@@ -421,6 +421,34 @@ class SQLiteStore(Store):
         self._q("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
         if not self._memory_db:
             self._q("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # API keys
+    def add_key(self, key: ApiKey, secret_hash: str) -> None:
+        with self.atomic():
+            self._q("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)",
+                    (key.id, key.tenant, key.name, secret_hash, ts(key.created_at)))
+
+    def key_by_hash(self, secret_hash: str) -> ApiKey | None:
+        row = self._q("SELECT id, tenant, name, created_at, revoked_at FROM api_keys"
+                      " WHERE secret_hash = ? AND revoked_at IS NULL", (secret_hash,)).fetchone()
+        return None if row is None else ApiKey(row[0], row[1], row[2], parse_ts(row[3]), parse_ts(row[4]))
+
+    def list_keys(self, tenant: str | None) -> list[ApiKey]:
+        sql = "SELECT id, tenant, name, created_at, revoked_at FROM api_keys"
+        rows = self._q(sql + (" WHERE tenant = ?" if tenant is not None else "") + " ORDER BY created_at, id",
+                       (tenant,) if tenant is not None else ()).fetchall()
+        return [ApiKey(r[0], r[1], r[2], parse_ts(r[3]), parse_ts(r[4])) for r in rows]
+
+    def revoke_key(self, key_id: str, now: datetime) -> bool:
+        with self.atomic():
+            cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (ts(now), key_id))
+        return cur.rowcount > 0
+
+    def owners(self) -> list[Owner]:
+        rows = self._q("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"
+                       " UNION SELECT tenant, user_id FROM fact_history UNION SELECT tenant, user_id FROM messages"
+                       " ORDER BY 1, 2").fetchall()
+        return [Owner(r[0], r[1]) for r in rows]
 
     def stats(self) -> dict[str, int]:
         return {

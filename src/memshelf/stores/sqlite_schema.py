@@ -95,4 +95,14 @@ CREATE TABLE messages (
 CREATE INDEX messages_thread ON messages (tenant, user_id, thread, pk);
 CREATE INDEX messages_expiry ON messages (expires_at) WHERE expires_at IS NOT NULL;
 """),
+    ("m002_api_keys", """
+CREATE TABLE api_keys (
+    id          TEXT PRIMARY KEY,
+    tenant      TEXT,
+    name        TEXT NOT NULL,
+    secret_hash TEXT NOT NULL UNIQUE,
+    created_at  TEXT NOT NULL,
+    revoked_at  TEXT
+);
+"""),
 ]
