@@ -184,6 +184,18 @@ class Shelf:
             raise NotFound(f"no memory {memory_id!r} for {owner}: check the id with `memshelf search`")
         return found
 
+    def list_memories(self, owner: Owner, *, limit: int = 50, cursor: str | None = None) -> tuple[list[Memory], str | None]:
+        """One page of the owner's live memories, newest first, and the cursor of the next page (None at the end)."""
+        before = None
+        if cursor is not None:
+            if not isinstance(cursor, str) or not cursor.isdigit() or len(cursor) > 19:
+                raise InvalidInput(f"cursor {cursor!r} is not one this shelf gave out: pass next_cursor unchanged")
+            before = int(cursor)
+        limit = _check_limit(limit)
+        rows = self.store.page_memories(_check_owner(owner), before, limit, self.now())
+        next_cursor = str(rows[-1][0]) if len(rows) == limit else None
+        return [m for _, m in rows], next_cursor
+
     def forget(self, owner: Owner, memory_id: str) -> None:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
         if not self.store.delete_memory(_check_owner(owner), self._check_id(memory_id)):

@@ -90,6 +90,10 @@ class Store(ABC):
     def delete_memory(self, owner: Owner, memory_id: str) -> bool: ...
 
     @abstractmethod
+    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
+        """Live memories newest first, each with its backend key; `before` is the key the last page ended on."""
+
+    @abstractmethod
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         """Every memory of the owner, oldest first, with its vector blob; expired ones too when now is None."""
 

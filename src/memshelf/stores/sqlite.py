@@ -229,6 +229,12 @@ class SQLiteStore(Store):
             self._scrub()
         return cur.rowcount > 0
 
+    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
+        rows = self._q(f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
+                       " AND m.pk < ? AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.pk DESC LIMIT ?",
+                       (owner.tenant, owner.user, before if before is not None else 2**62, ts(now), limit)).fetchall()
+        return [(r[10], _memory(r)) for r in rows]
+
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         sql = (f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
                + ("" if now is None else " AND (m.expires_at IS NULL OR m.expires_at > ?)")
