@@ -1,0 +1,132 @@
+"""What only the embedded SQLite backend has to prove: the file itself, several processes, migrations."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from memshelf import Owner, Shelf, StoreError
+from memshelf.stores.sqlite import SQLiteStore
+from memshelf.stores.sqlite_schema import MIGRATIONS
+
+KALEB = Owner("home", "kaleb")
+SECRET = "Kaleb's locker combination is zanzibarquux 4471."
+
+
+def file_bytes(db: Path) -> bytes:
+    data = b""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        path = Path(str(db) + suffix)
+        if path.exists():
+            data += path.read_bytes()
+    return data
+
+
+@pytest.mark.parametrize("erase", ["forget_user", "forget_each", "purge"])
+def test_erased_text_is_nowhere_in_the_database_files(tmp_path, clock, erase):
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None, clock=clock)
+    for i in range(200):  # another user's rows, enough to give the full-text index several pages
+        shelf.remember(Owner("home", "maya"), "filler", f"Filler statement number {i} about the weather.")
+    memory = shelf.remember(KALEB, "secrets", SECRET, ttl=10)
+    shelf.set_fact(KALEB, "locker", "zanzibarquux")
+    shelf.log_message(KALEB, "t1", "user", SECRET, ttl=10)
+    assert b"zanzibarquux" in file_bytes(db)
+    if erase == "forget_user":
+        shelf.forget_user(KALEB)
+    elif erase == "forget_each":
+        shelf.forget(KALEB, memory.id)
+        shelf.forget_fact(KALEB, "locker")
+        clock.advance(3600)
+        shelf.purge_expired()  # the message went by its own retention
+    else:
+        shelf.forget_fact(KALEB, "locker")
+        clock.advance(3600)
+        assert shelf.purge_expired().as_dict() == {"memories": 1, "facts": 0, "fact_changes": 0, "messages": 1}
+    shelf.close()
+    leftover = file_bytes(db)
+    assert b"zanzibarquux" not in leftover
+    assert b"4471" not in leftover
+    assert b"Filler statement number 7 " in leftover  # the file is readable text: the check can fail
+
+
+def test_forget_one_memory_removes_its_words_from_the_index(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    for i in range(100):
+        shelf.remember(KALEB, "filler", f"Filler statement number {i}.")
+    memory = shelf.remember(KALEB, "secrets", "The safe word is xylophagous.")
+    shelf.forget(KALEB, memory.id)
+    shelf.close()
+    assert b"xylophag" not in file_bytes(db)
+
+
+def test_migrations_run_once_and_twice_is_safe(tmp_path):
+    db = str(tmp_path / "memory.db")
+    first = SQLiteStore(db)
+    assert first.applied_migrations() == [name for name, _ in MIGRATIONS]
+    first.close()
+    second = SQLiteStore(db)  # opening again applies nothing new and fails nothing
+    assert second.applied_migrations() == [name for name, _ in MIGRATIONS]
+    second.close()
+
+
+def _writer(db: str, worker: int, count: int) -> None:
+    shelf = Shelf.open(db, embedder=None)
+    owner = Owner("home", f"user{worker % 2}")
+    for i in range(count):
+        shelf.remember(owner, "load", f"worker {worker} statement {i}")
+        if i % 10 == 0:
+            shelf.set_fact(owner, f"w{worker}", str(i))
+    shelf.close()
+
+
+def test_several_processes_write_one_file(tmp_path):
+    db = str(tmp_path / "memory.db")
+    Shelf.open(db, embedder=None).close()
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_writer, args=(db, w, 150)) for w in range(4)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(120)
+    assert [p.exitcode for p in workers] == [0, 0, 0, 0]
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 600
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_threads_share_one_shelf(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    shelf = Shelf.open(tmp_path / "memory.db", embedder=None)
+
+    def work(i: int) -> int:
+        shelf.remember(KALEB, "t", f"threaded statement {i}")
+        return len(shelf.search(KALEB, f"statement {i}", limit=3))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(n >= 1 for n in pool.map(work, range(80)))
+    assert len(shelf.list_memories(KALEB, limit=100)[0]) == 80
+    shelf.close()
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        Shelf.open(tmp_path / "nope" / "memory.db", embedder=None)
+
+
+def test_memory_database_is_shared_across_threads():
+    from threading import Thread
+
+    shelf = Shelf.open(":memory:", embedder=None)
+    shelf.remember(KALEB, "t", "in memory")
+    seen = []
+    thread = Thread(target=lambda: seen.append(len(shelf.search(KALEB, "memory"))))
+    thread.start()
+    thread.join()
+    assert seen == [1]
