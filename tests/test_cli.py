@@ -1,0 +1,137 @@
+"""The memshelf command, run as a real process: verbs, --json, env settings, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(tmp_path, *args, env=None, input=None):
+    environment = {**os.environ, "MEMSHELF_DB": str(tmp_path / "memory.db"), "MEMSHELF_TENANT": "home",
+                   "MEMSHELF_USER": "kaleb", "MEMSHELF_EMBEDDER": "none", "NO_COLOR": "1", "COLUMNS": "200",
+                   **(env or {})}
+    return subprocess.run([sys.executable, "-m", "memshelf.cli", *args], capture_output=True, text=True,
+                          env=environment, input=input, timeout=120)
+
+
+def ok(tmp_path, *args, **kw):
+    proc = run(tmp_path, *args, **kw)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_remember_search_context_prompt(tmp_path):
+    ok(tmp_path, "remember", "network", "The office printer is on 192.168.1.40.")
+    ok(tmp_path, "remember", "network", "The printer jams on thick paper.", "--source", "mined")
+    found = ok(tmp_path, "search", "printer")
+    lines = [line.strip() for line in found.stdout.splitlines() if line.strip()]
+    assert lines == ["1.0  [network]  The office printer is on 192.168.1.40.",
+                     "0.6  [network]  The printer jams on thick paper."]
+    assert "keyword search only" in found.stderr
+    assert ok(tmp_path, "context", "What did I say the printer's address was?").stdout == (
+        "Relevant knowledge (confidence in brackets, 1.0 means the user said so):\n"
+        "  - [1.0] The office printer is on 192.168.1.40.\n"
+        "  - [0.6] The printer jams on thick paper.\n")
+    assert ok(tmp_path, "context", "How was your day?").stdout == ""
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    prompt = ok(tmp_path, "prompt", "You are GLaDOS.", "printer address?").stdout
+    assert prompt.startswith("You are GLaDOS.\n\nMemory context:\nKnown facts about the user:\n  - user_name: Kaleb")
+
+
+def test_json_output_and_explain(tmp_path):
+    memory = json.loads(ok(tmp_path, "--json", "remember", "network", "The printer jams.").stdout)
+    assert memory["content"] == "The printer jams." and memory["confidence"] == 1.0
+    result = json.loads(ok(tmp_path, "--json", "search", "printer").stdout)
+    assert result["mode"] == "keyword" and result["degraded"] is False
+    assert [h["memory"]["id"] for h in result["hits"]] == [memory["id"]]
+    explained = ok(tmp_path, "search", "printer", "--explain").stdout
+    assert "keyword" in explained and memory["id"] in explained
+
+
+def test_forget_and_isolation_by_owner(tmp_path):
+    memory = json.loads(ok(tmp_path, "--json", "remember", "t", "secret plan").stdout)
+    stranger = run(tmp_path, "forget", memory["id"], env={"MEMSHELF_USER": "maya"})
+    assert stranger.returncode == 1 and "no memory" in stranger.stderr
+    assert "secret plan" in ok(tmp_path, "search", "plan").stdout
+    ok(tmp_path, "forget", memory["id"])
+    assert ok(tmp_path, "search", "plan").stdout.strip() == ""
+
+
+def test_export_import_round_trip(tmp_path):
+    ok(tmp_path, "remember", "network", "The printer jams.")
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    dump = tmp_path / "kaleb.jsonl"
+    ok(tmp_path, "export", "--out", str(dump))
+    counts = json.loads(ok(tmp_path, "--json", "--user", "maya", "import", str(dump)).stdout)
+    assert counts == {"memories": 1, "facts": 1, "messages": 0}
+    again = ok(tmp_path, "export", env={"MEMSHELF_USER": "maya"}).stdout
+    assert again == dump.read_text()
+
+
+def test_forget_user_purge_and_facts_history(tmp_path):
+    ok(tmp_path, "set-fact", "user_name", "Kal")
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    history = json.loads(ok(tmp_path, "--json", "facts", "--history", "user_name").stdout)
+    assert [h["value"] for h in history] == ["Kal", "Kaleb"]
+    ok(tmp_path, "remember", "t", "short lived", "--ttl", "0.001")
+    assert "purged 1 memories" in ok(tmp_path, "purge").stdout
+    erased = json.loads(ok(tmp_path, "--json", "forget-user", "--yes").stdout)
+    assert erased["facts"] == 1 and erased["fact_changes"] == 2
+
+
+def test_keys(tmp_path):
+    created = json.loads(ok(tmp_path, "--json", "keys", "create", "--tenant", "acme", "--name", "ci").stdout)
+    assert created["secret"].startswith("ms_") and created["key"]["tenant"] == "acme"
+    listed = ok(tmp_path, "keys", "list").stdout
+    assert created["key"]["id"] in listed and created["secret"] not in listed
+    ok(tmp_path, "keys", "revoke", created["key"]["id"])
+    assert "revoked" in ok(tmp_path, "keys", "list").stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["remember", "t", ""], "empty"),
+    (["remember", "t", "x", "--source", "gossip"], "Declare it first"),
+    (["search", "printer", "--limit", "0"], "limit"),
+    (["search", "printer", "--mode", "semantic"], "needs an embedder"),
+    (["forget", "m_0000"], "no memory"),
+    (["import", "/nonexistent/file.jsonl"], "cannot read"),
+    (["backfill"], "needs an embedder"),
+])
+def test_errors_are_one_line_without_traceback(tmp_path, args, needle):
+    proc = run(tmp_path, *args)
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_owner_says_what_to_do(tmp_path):
+    proc = run(tmp_path, "search", "printer", env={"MEMSHELF_TENANT": ""})
+    assert proc.returncode == 1 and "--tenant" in proc.stderr
+
+
+def test_every_command_has_help(tmp_path):
+    names = ["remember", "search", "context", "prompt", "facts", "set-fact", "forget", "forget-user", "purge",
+             "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages"]
+    for name in names:
+        proc = ok(tmp_path, name, "--help")
+        assert "Usage" in proc.stdout and len(proc.stdout) > 100, name
+
+
+def test_demo_without_an_embedder_says_so(tmp_path):
+    proc = ok(tmp_path, "demo")
+    assert "0.4  [network] The printer might be on the guest network." in proc.stdout
+    assert "['printer', 'address']" in proc.stdout
+    assert "keyword search only" in proc.stdout
+
+
+@pytest.mark.slow
+def test_demo_with_the_local_model_searches_by_meaning(tmp_path):
+    proc = ok(tmp_path, "demo", env={"MEMSHELF_EMBEDDER": "local"})
+    meaning = proc.stdout.split("search by meaning", 1)[1]
+    first_hit = meaning.splitlines()[1].split(None, 1)[1]
+    assert first_hit == "The printer jams on thick paper."
+    assert "coffee maker at 07:00." not in meaning.split("(the coffee maker", 1)[0]
