@@ -195,3 +195,19 @@ def test_search_sees_memories_written_by_another_shelf_on_the_same_file(open_she
     assert len(reader.search(KALEB, "first statement", mode="semantic")) == 1
     writer.remember(KALEB, "a", "second statement")
     assert len(reader.search(KALEB, "second statement", mode="semantic", floor=0.9)) == 1
+
+
+def test_import_embeds_in_batches_what_has_no_vector_of_the_current_model(open_shelf):
+    plain = open_shelf(embedder=None)
+    plain.remember_many(KALEB, [{"topic": "t", "content": f"statement {i}"} for i in range(70)])
+    records = list(plain.export(KALEB))
+    embedder = HashEmbedder("test:a")
+    shelf = open_shelf(embedder=embedder)
+    shelf.import_(MAYA, records)
+    assert embedder.calls == [64, 6]
+    assert stored_models(shelf, MAYA) == ["test:a"] * 70
+    again = list(shelf.export(MAYA))
+    embedder.calls.clear()
+    shelf.import_(Owner("x", "y"), again)  # already stamped with the current model: kept, not re-embedded
+    assert embedder.calls == []
+    assert list(shelf.export(Owner("x", "y")))[1:] == again[1:]

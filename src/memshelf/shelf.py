@@ -38,6 +38,7 @@ CANDIDATES = 50
 DEFAULT_MESSAGE_TTL = timedelta(days=30)
 DEFAULT_DB = "memshelf.db"
 EXPORT_FORMAT = 1
+IMPORT_BATCH = 64
 
 
 def _check_owner(owner: object) -> Owner:
@@ -410,11 +411,32 @@ class Shelf:
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidInput(f"import record {number} is malformed ({exc}): nothing was imported; "
                                    "fix the record or re-export") from exc
+        memories, blobs = self._embed_imported(memories, blobs)
         with self.store.atomic():
             counts = {"memories": self.store.import_memories(owner, memories, blobs),
                       "facts": self.store.import_facts(owner, facts, changes),
                       "messages": self.store.import_messages(owner, messages)}
         return counts
+
+    def _embed_imported(self, memories: list[Memory], blobs: list[bytes | None]
+                        ) -> tuple[list[Memory], list[bytes | None]]:
+        """Give imported memories vectors of the current model, in batches, keeping the ones already stamped with
+        it. If the embedder is down they are imported as they are and the next backfill embeds them."""
+        if self.embedder is None:
+            return memories, blobs
+        model = self.embedder.model
+        todo = [i for i, m in enumerate(memories) if blobs[i] is None or m.embed_model != model]
+        memories, blobs = list(memories), list(blobs)
+        try:
+            for start in range(0, len(todo), IMPORT_BATCH):
+                chunk = todo[start:start + IMPORT_BATCH]
+                vectors = self.embedder.embed_batch([memories[i].content for i in chunk])
+                for i, vector in zip(chunk, vectors):
+                    memories[i] = replace(memories[i], embed_model=model)
+                    blobs[i] = pack(vector)
+        except EmbedderUnavailable as exc:
+            log.warning("embedder unavailable during import; run backfill later: %s", exc)
+        return memories, blobs
 
     def _known_source(self, source: object) -> str:
         self.sources.confidence(source)
