@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 
@@ -157,7 +157,7 @@ def test_expiry_needs_an_aware_datetime_or_positive_ttl(shelf):
         with pytest.raises(InvalidInput):
             shelf.remember(KALEB, "t", "x", ttl=ttl)
     with pytest.raises(InvalidInput, match="not both"):
-        shelf.remember(KALEB, "t", "x", ttl=5, expires_at=datetime(2030, 1, 1, tzinfo=timezone.utc))
+        shelf.remember(KALEB, "t", "x", ttl=5, expires_at=datetime(2030, 1, 1, tzinfo=UTC))
     assert count_memories(shelf, KALEB) == 0
 
 

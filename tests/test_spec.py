@@ -27,7 +27,8 @@ def test_sources_set_confidence(shelf, clock):
 
 def test_search_orders_by_confidence(shelf, clock):
     printer_story(shelf, clock)
-    lines = [f"{h.memory.confidence:.1f}  [{h.memory.topic}] {h.memory.content}" for h in shelf.search(KALEB, "printer")]
+    hits = shelf.search(KALEB, "printer")
+    lines = [f"{h.memory.confidence:.1f}  [{h.memory.topic}] {h.memory.content}" for h in hits]
     assert lines == [
         "1.0  [network] The office printer is on 192.168.1.40.",
         "0.6  [network] The printer jams on thick paper.",

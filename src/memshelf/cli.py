@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from .errors import MemshelfError
 from .keywords import keywords
-from .model import Owner
+from .model import FactChange, Owner
 from .shelf import Shelf
 
 app = typer.Typer(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
@@ -54,11 +55,11 @@ class Settings:
 @app.callback()
 def main_options(
     ctx: typer.Context,
-    db: Optional[str] = typer.Option(None, "--db", help="SQLite file or postgresql:// URL "
+    db: str | None = typer.Option(None, "--db", help="SQLite file or postgresql:// URL "
                                      "[env: MEMSHELF_DATABASE_URL or MEMSHELF_DB; default ./memshelf.db]"),
-    tenant: Optional[str] = typer.Option(None, "--tenant", envvar="MEMSHELF_TENANT", help="Owner's tenant."),
-    user: Optional[str] = typer.Option(None, "--user", envvar="MEMSHELF_USER", help="Owner's user."),
-    embedder: Optional[str] = typer.Option(None, "--embedder", envvar="MEMSHELF_EMBEDDER",
+    tenant: str | None = typer.Option(None, "--tenant", envvar="MEMSHELF_TENANT", help="Owner's tenant."),
+    user: str | None = typer.Option(None, "--user", envvar="MEMSHELF_USER", help="Owner's user."),
+    embedder: str | None = typer.Option(None, "--embedder", envvar="MEMSHELF_EMBEDDER",
                                            help="local | ollama:MODEL | openai:MODEL | none "
                                                 "[default: local when installed]"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -107,7 +108,7 @@ def _say_search_mode(result: Any, shelf: Shelf) -> None:
 @app.command()
 def remember(ctx: typer.Context, topic: str, content: str,
              source: str = typer.Option("stated", help="stated (1.0), mined (0.6), inferred (0.4)."),
-             ttl: Optional[float] = typer.Option(None, help="Seconds until it expires.")) -> None:
+             ttl: float | None = typer.Option(None, help="Seconds until it expires.")) -> None:
     """Store a statement about a topic."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
@@ -124,7 +125,7 @@ def remember(ctx: typer.Context, topic: str, content: str,
 def search(ctx: typer.Context, question: str,
            mode: str = typer.Option("auto", help="auto | keyword | semantic | hybrid"),
            limit: int = typer.Option(5, help="How many hits."),
-           floor: Optional[float] = typer.Option(None, help="Lowest cosine a meaning hit may have."),
+           floor: float | None = typer.Option(None, help="Lowest cosine a meaning hit may have."),
            explain: bool = typer.Option(False, "--explain", help="Show which retriever found each hit and why.")
            ) -> None:
     """Find memories for a question, best first."""
@@ -194,7 +195,7 @@ def forget(ctx: typer.Context, memory_id: str) -> None:
 # ---------------------------------------------------------------- facts and messages
 @app.command()
 def facts(ctx: typer.Context,
-          history: Optional[str] = typer.Option(None, help="Show every value this fact key has had.")) -> None:
+          history: str | None = typer.Option(None, help="Show every value this fact key has had.")) -> None:
     """List the user's facts, most recent first."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
@@ -203,7 +204,7 @@ def facts(ctx: typer.Context,
         _emit_json(rows)
         return
     for row in rows:
-        when = getattr(row, "updated_at", None) or getattr(row, "set_at")
+        when = row.set_at if isinstance(row, FactChange) else row.updated_at
         out.print(f"{row.key}: {row.value}  [dim]({row.source}, {when:%Y-%m-%d %H:%M})[/]", highlight=False)
 
 
@@ -227,7 +228,7 @@ def log(ctx: typer.Context, thread: str, role: str, content: str) -> None:
 
 
 @app.command()
-def messages(ctx: typer.Context, thread: Optional[str] = typer.Argument(None),
+def messages(ctx: typer.Context, thread: str | None = typer.Argument(None),
              limit: int = typer.Option(50, help="How many of the newest messages.")) -> None:
     """Show a thread's recent messages, oldest first."""
     s = _settings(ctx)
@@ -283,7 +284,7 @@ def backfill(ctx: typer.Context, batch_size: int = typer.Option(64, help="Memori
 
 
 @app.command()
-def export(ctx: typer.Context, out_file: Optional[Path] = typer.Option(None, "--out", help="File (default stdout).")
+def export(ctx: typer.Context, out_file: Path | None = typer.Option(None, "--out", help="File (default stdout).")
            ) -> None:
     """Write every record of the user as JSON Lines."""
     s = _settings(ctx)
@@ -352,7 +353,7 @@ def mcp(ctx: typer.Context) -> None:
 
 @keys_app.command("create")
 def keys_create(ctx: typer.Context,
-                tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant the key is bound to."),
+                tenant: str | None = typer.Option(None, "--tenant", help="Tenant the key is bound to."),
                 name: str = typer.Option("", help="A label for the key."),
                 admin: bool = typer.Option(False, "--admin", help="An admin key (keys, tenant erasure).")) -> None:
     """Create an API key and print its secret once."""
@@ -370,7 +371,7 @@ def keys_create(ctx: typer.Context,
 
 
 @keys_app.command("list")
-def keys_list(ctx: typer.Context, tenant: Optional[str] = typer.Option(None, "--tenant")) -> None:
+def keys_list(ctx: typer.Context, tenant: str | None = typer.Option(None, "--tenant")) -> None:
     """List API keys (never their secrets)."""
     s = _settings(ctx)
     with _shelf(ctx, embedder=None) as shelf:
@@ -408,7 +409,7 @@ def demo(ctx: typer.Context) -> None:
 @contextmanager
 def _shelf_for_demo(ctx: typer.Context, path: str) -> Iterator[Shelf]:
     s = _settings(ctx)
-    options = {} if s.embedder is None else {"embedder": s.embedder}
+    options: dict[str, Any] = {} if s.embedder is None else {"embedder": s.embedder}
     shelf = Shelf.open(path, **options)
     try:
         yield shelf

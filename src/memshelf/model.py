@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Mapping
+from datetime import datetime, timedelta, UTC
+from collections.abc import Mapping
 
 from .errors import InvalidInput, UnknownSource
 
@@ -24,7 +24,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str:
@@ -195,7 +195,7 @@ def check_when(kind: str, value: object) -> datetime:
         raise InvalidInput(
             f"{kind} is a naive datetime: pass an aware one, e.g. datetime.now(timezone.utc) + timedelta(days=7)"
         )
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime | None:

@@ -9,7 +9,8 @@ import os
 import secrets
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, F
                     resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
 from .stores.base import ApiKey, Erased, Store, open_store
-from .vectors import pack, unpack
+from .vectors import pack
 
 log = logging.getLogger("memshelf")
 
@@ -72,7 +73,7 @@ class Shelf:
     def open(cls, target: str | os.PathLike[str] | None = None, *, embedder: Any = _DEFAULT,
              sources: Mapping[str, float] | None = None, floor: float | None = None,
              budget: int | None = None, message_ttl: timedelta | float | None | object = _DEFAULT,
-             clock: Callable[[], datetime] = utcnow) -> "Shelf":
+             clock: Callable[[], datetime] = utcnow) -> Shelf:
         """Open (creating if needed) a shelf.
 
         target: a SQLite file path, ":memory:", or a URL such as postgresql://...; default MEMSHELF_DATABASE_URL,
@@ -100,7 +101,7 @@ class Shelf:
     def close(self) -> None:
         self.store.close()
 
-    def __enter__(self) -> "Shelf":
+    def __enter__(self) -> Shelf:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -185,7 +186,8 @@ class Shelf:
             raise NotFound(f"no memory {memory_id!r} for {owner}: check the id with `memshelf search`")
         return found
 
-    def list_memories(self, owner: Owner, *, limit: int = 50, cursor: str | None = None) -> tuple[list[Memory], str | None]:
+    def list_memories(self, owner: Owner, *, limit: int = 50,
+                      cursor: str | None = None) -> tuple[list[Memory], str | None]:
         """One page of the owner's live memories, newest first, and the cursor of the next page (None at the end)."""
         before = None
         if cursor is not None:
@@ -492,6 +494,10 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat(timespec="microseconds")
 
 
+@overload
+def _when(text: str) -> datetime: ...
+@overload
+def _when(text: object) -> datetime | None: ...
 def _when(text: object) -> datetime | None:
     if text is None:
         return None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -55,8 +56,8 @@ class VectorMatrix:
         return int(self.matrix.shape[1]) if self.matrix.ndim == 2 else 0
 
     @classmethod
-    def build(cls, model: str, rows: Sequence[Sequence], parse_time: Callable[[object], datetime | None]
-              ) -> "VectorMatrix":
+    def build(cls, model: str, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]
+              ) -> VectorMatrix:
         """rows: (key, blob, confidence, expires_at) as the backend stores them."""
         if not rows:
             empty = np.zeros((0, 0), dtype=np.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -19,6 +19,7 @@ class Embedder(ABC):
     """
 
     model: str
+    _dimensions: int | None = None
 
     @abstractmethod
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
@@ -31,7 +32,7 @@ class Embedder(ABC):
     @property
     def dimensions(self) -> int:
         """Vector length. Providers that know it up front override this; the rest learn it from one call."""
-        cached = getattr(self, "_dimensions", None)
+        cached = self._dimensions
         if cached is None:
             cached = int(self.embed_batch(["dimensions"]).shape[1])
             self._dimensions = cached

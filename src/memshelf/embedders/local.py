@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import httpx
 import numpy as np

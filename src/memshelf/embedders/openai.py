@@ -7,7 +7,8 @@ out without an Authorization header, and a server that does want one answers 401
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import httpx
 import numpy as np

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class Erased:
     fact_changes: int = 0
     messages: int = 0
 
-    def __add__(self, other: "Erased") -> "Erased":
+    def __add__(self, other: Erased) -> Erased:
         return Erased(self.memories + other.memories, self.facts + other.facts,
                       self.fact_changes + other.fact_changes, self.messages + other.messages)
 

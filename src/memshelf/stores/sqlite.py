@@ -7,9 +7,10 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 import numpy as np
 
@@ -24,11 +25,15 @@ _TS = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
 
 
 def ts(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(timezone.utc).strftime(_TS)
+    return None if value is None else value.astimezone(UTC).strftime(_TS)
 
 
+@overload
+def parse_ts(value: str) -> datetime: ...
+@overload
+def parse_ts(value: None) -> None: ...
 def parse_ts(value: str | None) -> datetime | None:
-    return None if value is None else datetime.strptime(value, _TS).replace(tzinfo=timezone.utc)
+    return None if value is None else datetime.strptime(value, _TS).replace(tzinfo=UTC)
 
 
 def digest(topic: str, content: str) -> str:
@@ -92,7 +97,8 @@ class SQLiteStore(Store):
                 conn.execute("PRAGMA secure_delete = ON")  # erased text is overwritten, not left in free pages
                 conn.execute("PRAGMA foreign_keys = ON")
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot open SQLite database {self.path}: {exc}; check the path and permissions") from exc
+                raise StoreError(f"cannot open SQLite database {self.path}: {exc}; "
+                                 "check the path and permissions") from exc
             self._local.conn = conn
             self._local.depth = 0
             with self._lock:
@@ -144,7 +150,7 @@ class SQLiteStore(Store):
                 for statement in _split_sql(script):
                     conn.execute(statement)
                 conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
-                             (name, ts(datetime.now(timezone.utc))))
+                             (name, ts(datetime.now(UTC))))
 
     def applied_migrations(self) -> list[str]:
         return [r[0] for r in self._q("SELECT name FROM memshelf_migrations ORDER BY name")]
@@ -346,7 +352,8 @@ class SQLiteStore(Store):
     def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
         with self.atomic():
             for change in changes:
-                self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
+                self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
                         (owner.tenant, owner.user, change.key, change.value, change.source, ts(change.set_at)))
             added = 0
             for fact in facts:
@@ -381,8 +388,8 @@ class SQLiteStore(Store):
         added = 0
         with self.atomic():
             for m in messages:
-                cur = self._q("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
-                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                cur = self._q("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at,"
+                              " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                               (m.id, owner.tenant, owner.user, m.thread, m.role, m.content, ts(m.created_at),
                                ts(m.expires_at)))
                 added += cur.rowcount
