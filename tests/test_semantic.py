@@ -211,3 +211,22 @@ def test_import_embeds_in_batches_what_has_no_vector_of_the_current_model(open_s
     shelf.import_(Owner("x", "y"), again)  # already stamped with the current model: kept, not re-embedded
     assert embedder.calls == []
     assert list(shelf.export(Owner("x", "y")))[1:] == again[1:]
+
+
+def test_cached_vectors_follow_appends_deletes_and_expiry_changes(open_shelf, clock):
+    shelf = open_shelf(embedder=HashEmbedder(), clock=clock)
+    writer = open_shelf(embedder=HashEmbedder(), clock=clock)  # another connection, like another process
+    first = shelf.remember(KALEB, "t", "alpha statement zero")
+    assert contents(shelf.search(KALEB, "alpha statement zero", mode="semantic", limit=1)) == ["alpha statement zero"]
+    writer.remember_many(KALEB, [{"topic": "t", "content": f"beta line {i}"} for i in range(150)])  # past capacity
+    assert "beta line 149" in contents(shelf.search(KALEB, "beta line 149", mode="semantic", limit=10))
+    writer.forget(KALEB, first.id)
+    assert "alpha statement zero" not in contents(shelf.search(KALEB, "alpha statement zero", mode="semantic"))
+    writer.remember(KALEB, "t", "gamma note", ttl=10)
+    assert contents(shelf.search(KALEB, "gamma note", mode="semantic", limit=1)) == ["gamma note"]
+    writer.remember(KALEB, "t", "gamma note", ttl=1000)  # a repeat that extends the expiry
+    clock.advance(10)
+    assert contents(shelf.search(KALEB, "gamma note", mode="semantic", limit=1)) == ["gamma note"]
+    clock.advance(1000)
+    assert "gamma note" not in contents(shelf.search(KALEB, "gamma note", mode="semantic", limit=3))
+    assert len(shelf.search(KALEB, "beta line", mode="semantic", limit=1000, floor=-1.0)) == 150

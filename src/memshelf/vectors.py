@@ -41,38 +41,78 @@ def normalize(matrix: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class VectorMatrix:
+    """An owner's vectors of one model. Rows live in buffers with spare capacity, so appending new memories
+    copies only the new rows; `extended` returns a new view and never changes what a reader already holds."""
+
     model: str
-    keys: np.ndarray         # int64 row keys of the backend
-    matrix: np.ndarray       # (n, d) float32, rows normalized
-    confidence: np.ndarray   # (n,) float32
-    expires: np.ndarray      # (n,) float64 epoch seconds, inf when the row never expires
+    size: int
+    _keys: np.ndarray        # int64 backend keys (capacity-long)
+    _matrix: np.ndarray      # (capacity, d) float32, rows normalized
+    _confidence: np.ndarray  # float32
+    _expires: np.ndarray     # float64 epoch seconds, inf when the row never expires
 
     @property
-    def size(self) -> int:
-        return int(self.keys.shape[0])
+    def keys(self) -> np.ndarray:
+        return self._keys[:self.size]
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return self._matrix[:self.size]
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self._confidence[:self.size]
+
+    @property
+    def expires(self) -> np.ndarray:
+        return self._expires[:self.size]
 
     @property
     def dimensions(self) -> int:
-        return int(self.matrix.shape[1]) if self.matrix.ndim == 2 else 0
+        return int(self._matrix.shape[1])
+
+    @property
+    def last_key(self) -> int:
+        return int(self._keys[self.size - 1]) if self.size else -1
 
     @classmethod
     def build(cls, model: str, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]
               ) -> VectorMatrix:
-        """rows: (key, blob, confidence, expires_at) as the backend stores them."""
+        """rows: (key, blob, confidence, expires_at) as the backend stores them, in key order."""
+        width = len(rows[0][1]) // 4 if rows else 0
+        empty = cls(model, 0, np.zeros(0, np.int64), np.zeros((0, width), np.float32), np.zeros(0, np.float32),
+                    np.zeros(0))
+        return empty.extended(rows, parse_time)
+
+    def extended(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
+        """This matrix plus `rows` (keys above last_key), growing the buffers geometrically when full."""
         if not rows:
-            empty = np.zeros((0, 0), dtype=np.float32)
-            return cls(model, np.zeros(0, np.int64), empty, np.zeros(0, np.float32), np.zeros(0))
-        width = len(rows[0][1]) // 4
+            return self
+        width = self.dimensions if self.size else len(rows[0][1]) // 4
         for row in rows:
-            if len(row[1]) // 4 != width:
+            if len(row[1]) != width * 4:
                 raise DimensionMismatch(
-                    f"stored vectors stamped {model} have {width} and {len(row[1]) // 4} dimensions: one model "
+                    f"stored vectors stamped {self.model} have {width} and {len(row[1]) // 4} dimensions: one model "
                     "name was used for two models; re-embed with `memshelf backfill` under a distinct model name")
+        new_size = self.size + len(rows)
+        keys, matrix, confidence, expires = self._keys, self._matrix, self._confidence, self._expires
+        if new_size > keys.shape[0] or matrix.shape[1] != width:
+            capacity = max(new_size, 2 * self.size, 64)
+            keys, matrix = _grow(keys, self.size, capacity), _grow(matrix, self.size, capacity, width)
+            confidence, expires = _grow(confidence, self.size, capacity), _grow(expires, self.size, capacity)
         blob = b"".join(row[1] for row in rows)
-        matrix = normalize(np.frombuffer(blob, dtype="<f4").reshape(len(rows), width))
-        expires = np.array([_epoch(parse_time(row[3])) for row in rows], dtype=np.float64)
-        return cls(model, np.array([row[0] for row in rows], dtype=np.int64), np.ascontiguousarray(matrix),
-                   np.array([row[2] for row in rows], dtype=np.float32), expires)
+        matrix[self.size:new_size] = normalize(np.frombuffer(blob, dtype="<f4").reshape(len(rows), width))
+        keys[self.size:new_size] = [row[0] for row in rows]
+        confidence[self.size:new_size] = [row[2] for row in rows]
+        expires[self.size:new_size] = [_epoch(parse_time(row[3])) for row in rows]
+        return VectorMatrix(self.model, new_size, keys, matrix, confidence, expires)
+
+
+def _grow(array: np.ndarray, used: int, capacity: int, width: int | None = None) -> np.ndarray:
+    shape = (capacity,) if array.ndim == 1 else (capacity, width if width is not None else array.shape[1])
+    grown = np.zeros(shape, dtype=array.dtype)
+    grown[:used] = array[:used]
+    return grown
 
 
 def _epoch(when: datetime | None) -> float:

@@ -59,6 +59,7 @@ def fts_query(terms: Sequence[str]) -> str:
 @dataclass
 class _OwnerVectors:
     generation: int
+    appended: int
     matrix: VectorMatrix
 
 
@@ -79,6 +80,7 @@ class SQLiteStore(Store):
         self._local = threading.local()
         self._all_connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._vectors: dict[tuple[str, str, str], _OwnerVectors] = {}
         self._keepalive = self._connection()  # holds a shared in-memory database open
         self._migrate()
@@ -288,20 +290,30 @@ class SQLiteStore(Store):
         return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
 
     def _owner_vectors(self, owner: Owner, model: str) -> VectorMatrix:
-        row = self._q("SELECT generation FROM owner_generation WHERE tenant = ? AND user_id = ?",
+        """The owner's vectors of `model`, cached in process: new rows are appended to the cached matrix, and any
+        other change (delete, re-embed, expiry or confidence change) rebuilds it."""
+        row = self._q("SELECT generation, appended FROM owner_generation WHERE tenant = ? AND user_id = ?",
                       (owner.tenant, owner.user)).fetchone()
-        generation = row[0] if row else 0
+        generation, appended = row if row else (0, 0)
         cache_key = (owner.tenant, owner.user, model)
         cached = self._vectors.get(cache_key)
-        if cached is not None and cached.generation == generation:
+        if cached is not None and (cached.generation, cached.appended) == (generation, appended):
             return cached.matrix
-        rows = self._q(
-            "SELECT pk, embedding, confidence, expires_at FROM memories"
-            " WHERE tenant = ? AND user_id = ? AND embed_model = ? AND embedding IS NOT NULL ORDER BY pk",
-            (owner.tenant, owner.user, model)).fetchall()
-        matrix = VectorMatrix.build(model, rows, parse_ts)
-        self._vectors[cache_key] = _OwnerVectors(generation, matrix)
+        with self._refresh_lock:  # one refresh at a time: appends write into shared spare capacity
+            cached = self._vectors.get(cache_key)
+            if cached is not None and cached.generation == generation:
+                rows = self._vector_rows(owner, model, after=cached.matrix.last_key)
+                matrix = cached.matrix.extended(rows, parse_ts)
+            else:
+                matrix = VectorMatrix.build(model, self._vector_rows(owner, model, after=-1), parse_ts)
+            self._vectors[cache_key] = _OwnerVectors(generation, appended, matrix)
         return matrix
+
+    def _vector_rows(self, owner: Owner, model: str, after: int) -> list[Sequence]:
+        return self._q(
+            "SELECT pk, embedding, confidence, expires_at FROM memories INDEXED BY memories_owner_model"
+            " WHERE tenant = ? AND user_id = ? AND embed_model = ? AND pk > ? AND embedding IS NOT NULL ORDER BY pk",
+            (owner.tenant, owner.user, model, after)).fetchall()
 
     def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
         rows = self._q("SELECT pk, content FROM memories WHERE pk > ? AND (embed_model IS NULL OR embed_model != ?"

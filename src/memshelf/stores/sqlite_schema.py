@@ -39,23 +39,29 @@ CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
     INSERT INTO memories_fts (memories_fts, rowid, topic, content) VALUES ('delete', old.pk, old.topic, old.content);
 END;
 
--- A per-owner counter that moves whenever the owner's vectors may have changed; the in-process vector
--- matrix is rebuilt when it moves, so several processes can share one file.
+-- Per-owner counters that tell the in-process vector matrix when to refresh, so several processes can share one
+-- file: `appended` moves on every insert (the matrix fetches just the new rows), `generation` on anything else
+-- that changes what vector search may return (the matrix is rebuilt).
 CREATE TABLE owner_generation (
     tenant     TEXT NOT NULL,
     user_id    TEXT NOT NULL,
-    generation INTEGER NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0,
+    appended   INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, user_id)
 ) WITHOUT ROWID;
+CREATE INDEX memories_owner_model ON memories (tenant, user_id, embed_model, pk);
 CREATE TRIGGER memories_gen_insert AFTER INSERT ON memories BEGIN
-    INSERT INTO owner_generation VALUES (new.tenant, new.user_id, 1)
-    ON CONFLICT (tenant, user_id) DO UPDATE SET generation = generation + 1;
+    INSERT INTO owner_generation (tenant, user_id, appended) VALUES (new.tenant, new.user_id, 1)
+    ON CONFLICT (tenant, user_id) DO UPDATE SET appended = appended + 1;
 END;
 CREATE TRIGGER memories_gen_delete AFTER DELETE ON memories BEGIN
     UPDATE owner_generation SET generation = generation + 1
     WHERE tenant = old.tenant AND user_id = old.user_id;
 END;
-CREATE TRIGGER memories_gen_update AFTER UPDATE OF embedding, embed_model, expires_at, confidence ON memories BEGIN
+CREATE TRIGGER memories_gen_update AFTER UPDATE OF embedding, embed_model, expires_at, confidence ON memories
+WHEN old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_model
+     OR old.expires_at IS NOT new.expires_at OR old.confidence IS NOT new.confidence
+BEGIN
     UPDATE owner_generation SET generation = generation + 1
     WHERE tenant = new.tenant AND user_id = new.user_id;
 END;
