@@ -86,7 +86,10 @@ class Shelf:
             target = os.environ.get("MEMSHELF_DATABASE_URL") or os.environ.get("MEMSHELF_DB") or DEFAULT_DB
         resolved = resolve_embedder(default_embedder_spec() if embedder is _DEFAULT else embedder)
         if floor is None:
-            floor = float(os.environ.get("MEMSHELF_FLOOR", DEFAULT_FLOOR))
+            try:
+                floor = float(os.environ.get("MEMSHELF_FLOOR", DEFAULT_FLOOR))
+            except ValueError as exc:
+                raise ConfigError(f"MEMSHELF_FLOOR must be a number such as 0.3: {exc}") from exc
         if not -1.0 <= floor <= 1.0:
             raise ConfigError(f"floor must be a cosine between -1 and 1, got {floor}")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 100):
@@ -139,7 +142,7 @@ class Shelf:
             raise InvalidInput(f"unknown memory fields {sorted(unknown)}: use topic, content, source, expires_at, ttl")
         topic = check_topic(item.get("topic"))
         content = check_text("content", item.get("content"))
-        source = item.get("source") or "stated"
+        source = "stated" if item.get("source") is None else item["source"]
         confidence = self.sources.confidence(source)
         expires = resolve_expiry(item.get("expires_at"), item.get("ttl"), now)
         new = NewMemory(topic, content, source, confidence, expires, created_at=now)
