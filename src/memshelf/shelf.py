@@ -295,6 +295,14 @@ class Shelf:
 
     get_facts = facts
 
+    def get_fact(self, owner: Owner, key: str) -> Fact:
+        """The current value of one fact; NotFound when the owner has no such fact."""
+        key = check_text("fact key", key, MAX_FACT_KEY_CHARS)
+        for fact in self.facts(owner):
+            if fact.key == key:
+                return fact
+        raise NotFound(f"no fact {key!r} for {owner}: list them with `memshelf facts`")
+
     def fact_history(self, owner: Owner, key: str | None = None) -> list[FactChange]:
         return self.store.fact_history(_check_owner(owner), key)
 

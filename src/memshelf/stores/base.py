@@ -3,6 +3,7 @@ a store only keeps rows and finds them, always inside the owner's scope."""
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -192,11 +193,22 @@ def register_store(scheme: str, factory: StoreFactory) -> None:
     _SCHEMES[scheme] = factory
 
 
+# Built-in backends register themselves when their module is imported; these are imported on first use, so the
+# PostgreSQL driver is loaded only by someone who opens a postgresql:// URL.
+_BUILTIN_MODULES = {"sqlite": "memshelf.stores.sqlite", "postgresql": "memshelf.stores.postgres",
+                    "postgres": "memshelf.stores.postgres"}
+
+
 def open_store(target: str) -> Store:
     scheme, sep, _ = target.partition("://")
-    if not sep:
-        scheme = "sqlite"
-    factory = _SCHEMES.get(scheme.lower())
+    scheme = scheme.lower() if sep else "sqlite"
+    if scheme not in _SCHEMES and scheme in _BUILTIN_MODULES:
+        try:
+            importlib.import_module(_BUILTIN_MODULES[scheme])
+        except ImportError as exc:
+            raise ConfigError(f"the {scheme} backend needs extra packages ({exc.name} is missing): "
+                              "pip install 'memshelf[postgres]'") from exc
+    factory = _SCHEMES.get(scheme)
     if factory is None:
         known = ", ".join(sorted(_SCHEMES))
         raise ConfigError(

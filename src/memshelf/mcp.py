@@ -1,0 +1,297 @@
+"""`memshelf mcp`: the tools an assistant calls, served with the official MCP Python SDK (`MCPServer`).
+
+Tools: remember, recall, context, forget, set_fact, facts. Every result is bounded (recall returns at most
+MAX_RECALL hits, facts at most MAX_FACTS, long contents are cut at MAX_SHOWN_CHARS) so no tool returns the whole
+store. Like the HTTP server this is thin: it resolves the owner, calls the Shelf, and formats.
+
+Transports:
+- stdio: `memshelf mcp --db PATH --tenant T --user U` (or `python -m memshelf.mcp ...`); the owner may also come
+  from MEMSHELF_TENANT / MEMSHELF_USER.
+- streamable HTTP at /mcp of `memshelf serve`: the tenant comes from the API key (`Authorization: Bearer <key>`),
+  the user from the `X-Memshelf-User` header (or the `user` query parameter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import Annotated, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import BaseModel, Field
+from starlette.datastructures import Headers, QueryParams
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .errors import MemshelfError
+from .model import MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Owner
+from .shelf import Shelf
+
+MAX_RECALL = 20
+MAX_FACTS = 100
+MAX_SHOWN_CHARS = 2_000
+"""Longest content a listing shows; longer ones end with an ellipsis and `truncated: true`."""
+USER_HEADER = "x-memshelf-user"
+OWNER_STATE = "memshelf_owner"
+
+T = TypeVar("T")
+OwnerResolver = Callable[[Context], Owner]
+"""Finds who a tool call acts for: fixed for stdio, from the HTTP request for streamable HTTP."""
+
+INSTRUCTIONS = """memshelf is this user's long-term memory. Call `recall` (or `context`) before answering questions
+that may depend on what you learned earlier; call `remember` when the user tells you something worth keeping
+(one short statement per call, with a topic); use `set_fact` for keyed state such as the user's name, which has
+one current value. Facts are listed by `facts`. `forget` erases a memory by the id recall returned."""
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+class Remembered(BaseModel):
+    id: str
+    topic: str
+    source: str
+    confidence: float = Field(description="set by the source: stated 1.0, mined 0.6, inferred 0.4")
+    observations: int = Field(description="how many times this exact statement was remembered")
+
+
+class Recalled(BaseModel):
+    id: str
+    topic: str
+    content: str
+    truncated: bool
+    source: str
+    confidence: float
+    score: float
+    retriever: str = Field(description="keyword, semantic or hybrid (found by both)")
+
+
+class RecallResult(BaseModel):
+    mode: str
+    degraded: bool = Field(description="true when meaning search was unavailable and keywords were used")
+    hits: list[Recalled]
+
+
+class FactItem(BaseModel):
+    key: str
+    value: str
+    truncated: bool
+    source: str
+    updated_at: str
+
+
+class FactsResult(BaseModel):
+    facts: list[FactItem]
+    more: bool = Field(description="true when the user has more facts than were listed")
+
+
+class Forgotten(BaseModel):
+    forgotten: str
+
+
+def shown(text: str) -> tuple[str, bool]:
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text, False
+    return text[:MAX_SHOWN_CHARS - 1] + "\u2026", True
+
+
+def recalled(hit: Hit) -> Recalled:
+    content, truncated = shown(hit.memory.content)
+    return Recalled(id=hit.memory.id, topic=hit.memory.topic, content=content, truncated=truncated,
+                    source=hit.memory.source, confidence=hit.memory.confidence, score=round(hit.score, 6),
+                    retriever=hit.retriever)
+
+
+def fact_item(fact: Fact) -> FactItem:
+    value, truncated = shown(fact.value)
+    return FactItem(key=fact.key, value=value, truncated=truncated, source=fact.source,
+                    updated_at=fact.updated_at.isoformat())
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+Topic = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS,
+                             description="a short label the statement is about, e.g. 'printer' or 'diet'")]
+Statement = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS,
+                                 description="one self-contained statement, e.g. 'The office printer is on "
+                                             "192.168.1.40.'")]
+Question = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS,
+                                description="what you want to know, in plain words")]
+Source = Annotated[str, Field(min_length=1, max_length=64,
+                              description="stated: the user said it (1.0); mined: extracted from a conversation "
+                                          "(0.6); inferred: your own conclusion (0.4)")]
+
+
+def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
+    """The MCP server with memshelf's tools; `owner_resolver` says whose memory each call reads and writes."""
+    server = MCPServer("memshelf", instructions=INSTRUCTIONS, version=_version(), log_level="WARNING")
+
+    def owner(ctx: Context) -> Owner:
+        try:
+            return owner_resolver(ctx)
+        except MemshelfError as exc:
+            raise ToolError(str(exc)) from exc
+
+    @server.tool()
+    def remember(topic: Topic, content: Statement, ctx: Context, source: Source = "stated",
+                 ttl_seconds: Annotated[float | None, Field(gt=0, description="forget it after this many "
+                                                                              "seconds; omit to keep it")] = None
+                 ) -> Remembered:
+        """Store one statement in the user's long-term memory. Repeating a statement counts another observation
+        instead of storing a copy."""
+        memory = _call(lambda: shelf.remember(owner(ctx), topic, content, source, ttl=ttl_seconds))
+        return Remembered(id=memory.id, topic=memory.topic, source=memory.source, confidence=memory.confidence,
+                          observations=memory.observations)
+
+    @server.tool()
+    def recall(question: Question, ctx: Context,
+               limit: Annotated[int, Field(ge=1, le=MAX_RECALL, description="most hits to return")] = 5
+               ) -> RecallResult:
+        """Search the user's memory for statements relevant to a question, best first, each with its confidence
+        and the retriever that found it."""
+        result = _call(lambda: shelf.search(owner(ctx), question, limit=limit))
+        return RecallResult(mode=result.mode, degraded=result.degraded, hits=[recalled(h) for h in result])
+
+    @server.tool()
+    def context(question: Question, ctx: Context,
+                limit: Annotated[int, Field(ge=1, le=MAX_RECALL, description="most statements to include")] = 3
+                ) -> str:
+        """The block of relevant knowledge to put in a prompt for this question (empty when nothing matches)."""
+        return _call(lambda: shelf.context(owner(ctx), question, limit=limit))
+
+    @server.tool()
+    def forget(memory_id: Annotated[str, Field(min_length=1, max_length=200,
+                                               description="the id that remember or recall returned")],
+               ctx: Context) -> Forgotten:
+        """Erase one memory for good (its text, index entries and vector)."""
+        _call(lambda: shelf.forget(owner(ctx), memory_id))
+        return Forgotten(forgotten=memory_id)
+
+    @server.tool()
+    def set_fact(key: Annotated[str, Field(min_length=1, max_length=MAX_FACT_KEY_CHARS,
+                                           description="the name of the state, e.g. 'user_name'")],
+                 value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)],
+                 ctx: Context, source: Source = "stated") -> FactItem:
+        """Set the one current value of a keyed fact about the user (e.g. user_name = Kaleb); the old value is
+        kept in an audit trail."""
+        return fact_item(_call(lambda: shelf.set_fact(owner(ctx), key, value, source)))
+
+    @server.tool()
+    def facts(ctx: Context,
+              limit: Annotated[int, Field(ge=1, le=MAX_FACTS, description="most facts to list")] = MAX_FACTS
+              ) -> FactsResult:
+        """The user's current facts, most recently set first."""
+        everything = _call(lambda: shelf.facts(owner(ctx)))
+        return FactsResult(facts=[fact_item(f) for f in everything[:limit]], more=len(everything) > limit)
+
+    return server
+
+
+def _call(action: Callable[[], T]) -> T:
+    """Run a Shelf verb; memshelf's errors become tool errors the model can read and act on."""
+    try:
+        return action()
+    except MemshelfError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+# ---------------------------------------------------------------------------------------------- stdio
+
+def fixed_owner(owner: Owner) -> OwnerResolver:
+    return lambda _ctx: owner
+
+
+def run_stdio(shelf: Shelf, owner: Owner) -> None:
+    """Serve the tools over stdin/stdout for one owner (blocks until the client disconnects)."""
+    build_mcp_server(shelf, fixed_owner(owner)).run("stdio")
+
+
+def owner_from(tenant: str | None, user: str | None) -> Owner:
+    """--tenant/--user, else MEMSHELF_TENANT / MEMSHELF_USER."""
+    tenant = tenant or os.environ.get("MEMSHELF_TENANT")
+    user = user or os.environ.get("MEMSHELF_USER")
+    if not tenant or not user:
+        raise SystemExit("memshelf mcp needs an owner: pass --tenant and --user, or set MEMSHELF_TENANT and "
+                         "MEMSHELF_USER")
+    return Owner(tenant, user)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m memshelf.mcp --db PATH --tenant T --user U [--embedder none]`."""
+    parser = argparse.ArgumentParser(prog="memshelf mcp", description="Serve memshelf's MCP tools over stdio.")
+    parser.add_argument("--db", help="SQLite file or postgresql:// URL (default MEMSHELF_DATABASE_URL/MEMSHELF_DB)")
+    parser.add_argument("--tenant", help="tenant of the owner (default MEMSHELF_TENANT)")
+    parser.add_argument("--user", help="user of the owner (default MEMSHELF_USER)")
+    parser.add_argument("--embedder", help="local, ollama:<model>, openai:<model> or none (default "
+                                           "MEMSHELF_EMBEDDER, else local when installed)")
+    args = parser.parse_args(argv)
+    owner = owner_from(args.tenant, args.user)
+    options = {} if args.embedder is None else {"embedder": args.embedder}
+    with Shelf.open(args.db, **options) as shelf:
+        run_stdio(shelf, owner)
+
+
+# ---------------------------------------------------------------------------------------------- streamable HTTP
+
+def http_owner(ctx: Context) -> Owner:
+    """The owner McpEndpoint put in the HTTP request's state after checking the key and the user."""
+    request = ctx.request_context.request
+    found = getattr(getattr(request, "state", None), OWNER_STATE, None)
+    if not isinstance(found, Owner):
+        raise ToolError("no owner for this request: call /mcp with an API key and the X-Memshelf-User header")
+    return found
+
+
+class McpEndpoint:
+    """The ASGI app `memshelf serve` routes /mcp to: resolves the owner (the tenant from the key ApiKeyAuth checked,
+    the user from X-Memshelf-User or ?user=) and hands the request to the SDK's streamable HTTP transport.
+
+    Stateless (no session kept between requests), so any worker process can answer any request. DNS rebinding
+    protection is off because every request needs an API key, which a rebinding web page does not have.
+    """
+
+    def __init__(self, shelf: Shelf) -> None:
+        self.server = build_mcp_server(shelf, http_owner)
+        self.transport: ASGIApp = self.server.streamable_http_app(
+            streamable_http_path="/mcp", stateless_http=True, json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from .server import error_response
+
+        key = scope.get("state", {}).get("memshelf_key")
+        if key is None or key.tenant is None:
+            message = ("admin keys cannot use memory tools: use a key bound to a tenant" if key is not None
+                       else "missing API key: send Authorization: Bearer <key>")
+            await error_response(403 if key is not None else 401, "forbidden" if key is not None else
+                                 "unauthorized", message)(scope, receive, send)
+            return
+        user = Headers(scope=scope).get(USER_HEADER) or QueryParams(scope.get("query_string", b"")).get("user")
+        try:
+            if not user:
+                raise MemshelfError(f"no user: send the {USER_HEADER} header (or ?user=) naming whose memory "
+                                    "the tools act on")
+            owner = Owner(key.tenant, user)
+        except MemshelfError as exc:
+            await error_response(422, "invalid_input", str(exc))(scope, receive, send)
+            return
+        scope["state"][OWNER_STATE] = owner
+        await self.transport(scope, receive, send)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,289 @@
+"""The MCP server, driven by the official SDK's own client: over stdio (a real `python -m memshelf.mcp` process) and
+over streamable HTTP against the real uvicorn server. List tools, remember then recall, isolation between owners;
+plus a schemathesis run against the HTTP API's OpenAPI spec."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import TextContent
+from test_server import LiveServer, bearer
+
+from memshelf import Shelf
+from memshelf.mcp import MAX_RECALL, MAX_SHOWN_CHARS
+from memshelf.server import create_app
+
+TOOLS = {"remember", "recall", "context", "forget", "set_fact", "facts"}
+Session = Callable[[], Any]
+
+
+def mcp_command(db: Path, tenant: str, user: str, entry: str = "module") -> list[str]:
+    """`python -m memshelf.mcp ...`, or the CLI's `memshelf ... mcp`."""
+    if entry == "cli":
+        return ["-m", "memshelf.cli", "--db", str(db), "--tenant", tenant, "--user", user, "--embedder", "none",
+                "mcp"]
+    return ["-m", "memshelf.mcp", "--db", str(db), "--tenant", tenant, "--user", user, "--embedder", "none"]
+
+
+@asynccontextmanager
+async def stdio_session(db: Path, tenant: str, user: str, entry: str = "module") -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable, args=mcp_command(db, tenant, user, entry))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
+async def http_session(url: str, secret: str, user: str) -> AsyncIterator[ClientSession]:
+    headers = {**bearer(secret), "X-Memshelf-User": user}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as client, \
+            streamable_http_client(url + "/mcp", http_client=client) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> Any:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+async def call_error(session: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+async def check_tool_listing(session: ClientSession) -> None:
+    tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert set(tools) == TOOLS
+    for tool in tools.values():
+        assert tool.description and len(tool.description) > 20
+    remember = tools["remember"].input_schema
+    assert remember["properties"]["topic"]["type"] == "string"
+    assert remember["properties"]["content"]["type"] == "string"
+    assert set(remember["required"]) == {"topic", "content"}
+    assert "ctx" not in remember["properties"]
+    assert tools["recall"].input_schema["properties"]["limit"]["maximum"] == MAX_RECALL
+    assert tools["recall"].input_schema["properties"]["limit"]["type"] == "integer"
+    assert tools["forget"].input_schema["required"] == ["memory_id"]
+    assert tools["facts"].input_schema["properties"]["limit"]["maximum"] == 100
+
+
+async def check_remember_then_recall(session: ClientSession) -> None:
+    stored = await call(session, "remember", topic="printer", content="The office printer is on 192.168.1.40.")
+    assert stored["confidence"] == 1.0 and stored["id"].startswith("m_")
+    await call(session, "remember", topic="printer", content="The printer jams on A3.", source="inferred")
+    found = await call(session, "recall", question="where is the printer?")
+    assert [h["confidence"] for h in found["hits"]] == [1.0, 0.4]
+    assert found["hits"][0]["content"] == "The office printer is on 192.168.1.40."
+    assert found["hits"][0]["retriever"] == "keyword"
+
+    reply = (await session.call_tool("context", {"question": "printer"})).content[0]
+    assert isinstance(reply, TextContent)
+    assert "192.168.1.40" in reply.text and "[1.0]" in reply.text
+
+    await call(session, "set_fact", key="user_name", value="Kaleb")
+    listed = await call(session, "facts")
+    assert [(f["key"], f["value"]) for f in listed["facts"]] == [("user_name", "Kaleb")]
+
+    assert await call(session, "forget", memory_id=stored["id"]) == {"forgotten": stored["id"]}
+    assert len((await call(session, "recall", question="printer"))["hits"]) == 1
+    assert "no memory" in await call_error(session, "forget", memory_id=stored["id"])
+
+
+async def check_bounds_and_errors(session: ClientSession) -> None:
+    assert "unknown source" in await call_error(session, "remember", topic="t", content="c", source="gossip")
+    assert await call_error(session, "recall", question="x", limit=MAX_RECALL + 1)
+    assert await call_error(session, "recall", question="x", limit=0)
+    await call(session, "remember", topic="essay", content="long " + "word " * 3000)
+    hit = (await call(session, "recall", question="essay"))["hits"][0]
+    assert hit["truncated"] and len(hit["content"]) == MAX_SHOWN_CHARS
+
+
+def run(check: Callable[..., Awaitable[None]], opener: Callable[[], Any]) -> None:
+    async def main() -> None:
+        async with opener() as session:
+            await check(session)
+
+    anyio.run(main)
+
+
+# ---------------------------------------------------------------------------------------------- stdio
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "mcp.db"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["module", "cli"])
+def test_stdio_lists_remembers_recalls_and_bounds(db: Path, entry: str) -> None:
+    async def everything(session: ClientSession) -> None:
+        await check_tool_listing(session)
+        await check_remember_then_recall(session)
+        await check_bounds_and_errors(session)
+
+    run(everything, lambda: stdio_session(db, "acme", "alice", entry))
+    with Shelf.open(db, embedder=None) as shelf:
+        from memshelf import Owner
+
+        assert shelf.facts(Owner("acme", "alice"))[0].value == "Kaleb"
+
+
+@pytest.mark.slow
+def test_stdio_owners_are_isolated(db: Path) -> None:
+    async def isolation() -> None:
+        async with stdio_session(db, "acme", "alice") as alice, stdio_session(db, "acme", "bob") as bob, \
+                stdio_session(db, "globex", "alice") as other:
+            secret = await call(alice, "remember", topic="vault", content="The vault code is 1234.")
+            await call(alice, "set_fact", key="vault_owner", value="Alice")
+            for stranger in (bob, other):
+                assert (await call(stranger, "recall", question="vault code"))["hits"] == []
+                assert (await call(stranger, "facts"))["facts"] == []
+                assert "no memory" in await call_error(stranger, "forget", memory_id=secret["id"])
+            assert len((await call(alice, "recall", question="vault"))["hits"]) == 1
+
+    anyio.run(isolation)
+
+
+def test_stdio_without_an_owner_says_what_to_pass(db: Path) -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "memshelf.mcp", "--db", str(db)], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "", "PYTHONPATH": ":".join(sys.path)}, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0 and "--tenant" in done.stderr and "MEMSHELF_USER" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------- streamable HTTP
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    db = tmp_path_factory.mktemp("mcp-http") / "memshelf.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        secrets = {"acme": shelf.create_key("acme")[1], "globex": shelf.create_key("globex")[1],
+                   "admin": shelf.create_key(None)[1]}
+    with LiveServer(create_app(target=str(db), embedder=None)) as live:
+        yield live.url, secrets
+
+
+def test_http_lists_remembers_recalls_and_bounds(http: tuple[str, dict[str, str]]) -> None:
+    url, secrets = http
+
+    async def everything(session: ClientSession) -> None:
+        await check_tool_listing(session)
+        await check_remember_then_recall(session)
+        await check_bounds_and_errors(session)
+
+    run(everything, lambda: http_session(url, secrets["acme"], "alice"))
+
+
+def test_http_owners_are_isolated_and_match_the_rest_api(http: tuple[str, dict[str, str]]) -> None:
+    url, secrets = http
+
+    async def isolation() -> str:
+        async with http_session(url, secrets["acme"], "carol") as carol:
+            secret = await call(carol, "remember", topic="vault", content="The vault code is 5678.")
+        async with http_session(url, secrets["acme"], "dave") as dave, \
+                http_session(url, secrets["globex"], "carol") as other:
+            for stranger in (dave, other):
+                assert (await call(stranger, "recall", question="vault code"))["hits"] == []
+                assert "no memory" in await call_error(stranger, "forget", memory_id=secret["id"])
+        return secret["id"]
+
+    async def main() -> str:
+        return await isolation()
+
+    memory_id = anyio.run(main)
+    rest = httpx.get(f"{url}/v1/users/carol/memories/{memory_id}", headers=bearer(secrets["acme"]))
+    assert rest.json()["content"] == "The vault code is 5678."
+    assert httpx.get(f"{url}/v1/users/carol/memories/{memory_id}",
+                     headers=bearer(secrets["globex"])).status_code == 404
+
+
+@pytest.mark.parametrize("headers, status", [
+    ({}, 401), ({"Authorization": "Bearer ms_wrong", "X-Memshelf-User": "u"}, 401),
+    ({"X-Memshelf-User": "u"}, 401), ("admin", 403), ("no-user", 422),
+])
+def test_http_mcp_denials(http: tuple[str, dict[str, str]], headers: Any, status: int) -> None:
+    url, secrets = http
+    if headers == "admin":
+        headers = {**bearer(secrets["admin"]), "X-Memshelf-User": "u"}
+    elif headers == "no-user":
+        headers = bearer(secrets["acme"])
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    response = httpx.post(url + "/mcp", json=ping, headers={**headers, "Accept": "application/json, text/event-stream"})
+    assert response.status_code == status
+    assert set(response.json()["error"]) == {"type", "message"}
+
+
+def test_http_user_may_come_from_the_query(http: tuple[str, dict[str, str]]) -> None:
+    url, secrets = http
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(headers=bearer(secrets["acme"]), timeout=30) as client, \
+                streamable_http_client(url + "/mcp?user=erin", http_client=client) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            await call(session, "remember", topic="desk", content="Erin sits by the window.")
+
+    anyio.run(main)
+    listed = httpx.get(f"{url}/v1/users/erin/memories", headers=bearer(secrets["acme"])).json()["items"]
+    assert [m["content"] for m in listed] == ["Erin sits by the window."]
+
+
+# ---------------------------------------------------------------------------------------------- schemathesis
+
+def probe_operation(operation: Any, url: str, key: str, failures: list[str]) -> None:
+    """Send up to MAX_EXAMPLES generated requests to one operation; record any 5xx, check every error's shape."""
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
+    @given(case=operation.as_strategy())
+    def probe(case: Any) -> None:
+        response = case.call(base_url=url, headers=bearer(key), timeout=30)
+        if response.status_code >= 500:
+            failures.append(f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:200]}")
+            return
+        assert "Traceback" not in response.text
+        if response.status_code >= 400:
+            assert set(json.loads(response.text)["error"]) == {"type", "message"}
+
+    probe()
+
+
+MAX_EXAMPLES = 25
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_server_error(http: tuple[str, dict[str, str]]) -> None:
+    """Property-based requests generated from /openapi.json (admin routes with the admin key, the rest with a
+    tenant key): whatever they send, never a 5xx and never a traceback."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import strategies as st
+
+    url, secrets = http
+    records = st.lists(st.dictionaries(st.sampled_from(["kind", "id", "topic", "content", "source", "format"]),
+                                       st.text(max_size=12) | st.integers() | st.none(), max_size=6), max_size=4)
+    json_lines = records.map(lambda rows: "".join(json.dumps(row) + "\n" for row in rows).encode())
+    schemathesis.openapi.media_type("application/x-ndjson", json_lines | st.binary(max_size=300))
+    failures: list[str] = []
+    for result in schemathesis.openapi.from_url(url + "/openapi.json").get_all_operations():
+        operation = result.ok()
+        key = secrets["admin"] if operation.path.startswith("/v1/admin") else secrets["acme"]
+        probe_operation(operation, url, key, failures)
+    assert failures == []

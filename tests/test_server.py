@@ -1,0 +1,485 @@
+"""The HTTP API, started for real (uvicorn on a loopback port, a temporary SQLite file) and driven with httpx:
+every endpoint, every authentication case as denial evidence, and the bad-input table."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from memshelf import Shelf
+from memshelf.server import MAX_BODY_BYTES, create_app
+
+
+class LiveServer:
+    """uvicorn serving an app on 127.0.0.1 (a free port) in a background thread."""
+
+    def __init__(self, app: Any) -> None:
+        # proto=IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections (no 40 ms Nagle stalls)
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start within 20 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.socket.close()
+
+
+@dataclass
+class Deployment:
+    url: str
+    db: Path
+    admin: str
+    acme: str
+    globex: str
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    db = tmp_path_factory.mktemp("server") / "memshelf.db"
+    with Shelf.open(db, embedder=None) as keys:
+        admin = keys.create_key(None, "ops")[1]
+        acme = keys.create_key("acme")[1]
+        globex = keys.create_key("globex")[1]
+    with LiveServer(create_app(target=str(db), embedder=None)) as live:
+        yield Deployment(live.url, db, admin, acme, globex)
+
+
+@pytest.fixture
+def acme(deployment: Deployment) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=deployment.url, headers=bearer(deployment.acme), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def admin(deployment: Deployment) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=deployment.url, headers=bearer(deployment.admin), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def anonymous(deployment: Deployment) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=deployment.url, timeout=30) as client:
+        yield client
+
+
+def assert_error(response: httpx.Response, status: int, kind: str | None = None) -> dict[str, str]:
+    """The one error shape, a message that says what to do, and nothing of the server's insides."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "message"}, body
+    assert body["error"]["message"].strip()
+    if kind is not None:
+        assert body["error"]["type"] == kind, body
+    for leak in ("Traceback", "File \"", "site-packages", "sqlite3."):
+        assert leak not in response.text
+    return body["error"]
+
+
+def remember(client: httpx.Client, user: str, content: str, topic: str = "office", **extra: Any) -> dict[str, Any]:
+    response = client.post(f"/v1/users/{user}/memories", json={"topic": topic, "content": content, **extra})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+# ---------------------------------------------------------------------------------------------- open endpoints
+
+def test_health_needs_no_key(anonymous: httpx.Client) -> None:
+    assert anonymous.get("/health").json() == {"status": "ok"}
+
+
+def test_web_page_and_api_docs_are_served(anonymous: httpx.Client) -> None:
+    page = anonymous.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "/v1/users/" in page.text and "Authorization" in page.text
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert anonymous.get("/docs").status_code == 200
+    paths = anonymous.get("/openapi.json").json()["paths"]
+    for path in ("/v1/users/{user}/memories", "/v1/users/{user}/memories/batch", "/v1/users/{user}/search",
+                 "/v1/users/{user}/context", "/v1/users/{user}/prompt", "/v1/users/{user}/facts/{key}",
+                 "/v1/users/{user}/messages", "/v1/users/{user}/export", "/v1/users/{user}/import",
+                 "/v1/admin/keys", "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
+        assert path in paths
+
+
+# ---------------------------------------------------------------------------------------------- every endpoint
+
+def test_remember_get_list_and_forget(acme: httpx.Client) -> None:
+    first = remember(acme, "alice", "The office printer is on 192.168.1.40.", topic="printer")
+    assert first["confidence"] == 1.0 and first["source"] == "stated" and first["observations"] == 1
+    again = remember(acme, "alice", "The office printer is on 192.168.1.40.", topic="printer")
+    assert again["id"] == first["id"] and again["observations"] == 2
+    mined = remember(acme, "alice", "Alice prefers tea.", topic="drinks", source="mined", ttl=3600)
+    assert mined["confidence"] == 0.6 and mined["expires_at"] is not None
+
+    assert acme.get(f"/v1/users/alice/memories/{first['id']}").json()["content"].endswith("192.168.1.40.")
+    listed = acme.get("/v1/users/alice/memories", params={"limit": 1000}).json()
+    assert [m["id"] for m in listed["items"]] == [mined["id"], first["id"]] and listed["next_cursor"] is None
+
+    assert acme.delete(f"/v1/users/alice/memories/{first['id']}").status_code == 204
+    assert_error(acme.get(f"/v1/users/alice/memories/{first['id']}"), 404, "not_found")
+    assert_error(acme.delete(f"/v1/users/alice/memories/{first['id']}"), 404, "not_found")
+
+
+def test_batch_is_all_or_nothing_and_lists_page_with_cursors(acme: httpx.Client) -> None:
+    items = [{"topic": "n", "content": f"note number {i}"} for i in range(7)]
+    stored = acme.post("/v1/users/pager/memories/batch", json={"memories": items})
+    assert stored.status_code == 201 and len(stored.json()) == 7
+
+    bad = items[:2] + [{"topic": "n", "content": "from a sensor", "source": "sensor"}]
+    assert_error(acme.post("/v1/users/pager2/memories/batch", json={"memories": bad}), 422, "unknown_source")
+    assert acme.get("/v1/users/pager2/memories").json() == {"items": [], "next_cursor": None}
+
+    seen, cursor = [], None
+    while True:
+        page = acme.get("/v1/users/pager/memories", params={"limit": 3, **({"cursor": cursor} if cursor else {})})
+        body = page.json()
+        seen += [m["content"] for m in body["items"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [f"note number {i}" for i in reversed(range(7))]
+
+
+def test_search_context_and_prompt(acme: httpx.Client) -> None:
+    remember(acme, "bob", "The office printer is on 192.168.1.40.", topic="printer")
+    remember(acme, "bob", "The printer jams on A3 paper.", topic="printer", source="inferred")
+    result = acme.post("/v1/users/bob/search", json={"question": "where is the printer?", "limit": 5}).json()
+    assert result["mode"] == "keyword" and result["degraded"] is False
+    assert [h["memory"]["confidence"] for h in result["hits"]] == [1.0, 0.4]
+    assert all(h["retriever"] == "keyword" and isinstance(h["score"], float) for h in result["hits"])
+
+    block = acme.post("/v1/users/bob/context", json={"question": "printer"}).json()["context"]
+    assert "Relevant knowledge" in block and "[1.0]" in block and "192.168.1.40" in block
+    assert acme.post("/v1/users/bob/context", json={"question": "bananas"}).json() == {"context": ""}
+
+    acme.put("/v1/users/bob/facts/user_name", json={"value": "Bob"})
+    prompt = acme.post("/v1/users/bob/prompt", json={"base_prompt": "You are helpful.",
+                                                      "user_text": "where is the printer"}).json()["prompt"]
+    assert prompt.startswith("You are helpful.") and "Bob" in prompt and "192.168.1.40" in prompt
+
+    needs_model = acme.post("/v1/users/bob/search", json={"question": "printer", "mode": "semantic"})
+    assert_error(needs_model, 400, "not_configured")
+
+
+def test_facts_set_get_history_page_and_forget(acme: httpx.Client) -> None:
+    assert acme.put("/v1/users/carol/facts/user_name", json={"value": "Carol"}).json()["value"] == "Carol"
+    assert acme.put("/v1/users/carol/facts/user_name", json={"value": "Caro", "source": "mined"}).status_code == 200
+    for key in ("city", "team"):
+        acme.put(f"/v1/users/carol/facts/{key}", json={"value": key.upper()})
+    assert acme.get("/v1/users/carol/facts/user_name").json()["value"] == "Caro"
+
+    first = acme.get("/v1/users/carol/facts", params={"limit": 2}).json()
+    rest = acme.get("/v1/users/carol/facts", params={"limit": 2, "cursor": first["next_cursor"]}).json()
+    assert [f["key"] for f in first["items"] + rest["items"]] == ["team", "city", "user_name"]
+    assert rest["next_cursor"] is None
+
+    history = acme.get("/v1/users/carol/facts/user_name/history").json()["items"]
+    assert [c["value"] for c in history] == ["Carol", "Caro"]
+    assert acme.delete("/v1/users/carol/facts/city").status_code == 204
+    assert_error(acme.get("/v1/users/carol/facts/city"), 404, "not_found")
+    assert_error(acme.delete("/v1/users/carol/facts/city"), 404, "not_found")
+
+
+def test_messages_log_filter_and_page(acme: httpx.Client) -> None:
+    for i in range(5):
+        thread = "t1" if i % 2 == 0 else "t2"
+        logged = acme.post("/v1/users/dave/messages", json={"thread": thread, "role": "user", "content": f"m{i}"})
+        assert logged.status_code == 201
+    page = acme.get("/v1/users/dave/messages", params={"limit": 2}).json()
+    more = acme.get("/v1/users/dave/messages", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert [m["content"] for m in page["items"] + more["items"]] == ["m4", "m3", "m2", "m1"]
+    thread = acme.get("/v1/users/dave/messages", params={"thread": "t2"}).json()
+    assert [m["content"] for m in thread["items"]] == ["m3", "m1"] and thread["next_cursor"] is None
+    assert acme.post("/v1/users/dave/search", json={"question": "m1"}).json()["hits"] == []
+
+
+def test_export_import_roundtrip_and_forget_user(acme: httpx.Client) -> None:
+    remember(acme, "erin", "Erin's desk is by the window.", topic="desk")
+    acme.put("/v1/users/erin/facts/user_name", json={"value": "Erin"})
+    acme.post("/v1/users/erin/messages", json={"thread": "t", "role": "user", "content": "hello"})
+    exported = acme.get("/v1/users/erin/export")
+    assert exported.headers["content-type"].startswith("application/x-ndjson")
+    kinds = [json.loads(line)["kind"] for line in exported.text.splitlines()]
+    assert kinds[0] == "memshelf-export" and {"memory", "fact", "message"} <= set(kinds)
+
+    headers = {"Content-Type": "application/x-ndjson"}
+    counts = acme.post("/v1/users/erin2/import", content=exported.content, headers=headers).json()
+    assert counts == {"memories": 1, "facts": 1, "messages": 1}
+    again = acme.post("/v1/users/erin2/import", content=exported.content, headers=headers).json()
+    assert again == {"memories": 0, "facts": 0, "messages": 0}
+    assert_error(acme.post("/v1/users/erin2/import", content=b"{not json\n", headers=headers), 422)
+    assert_error(acme.post("/v1/users/erin2/import", content=b"[1]\n", headers=headers), 422)
+
+    erased = acme.delete("/v1/users/erin").json()
+    assert erased["memories"] == 1 and erased["facts"] == 1 and erased["messages"] == 1
+    assert acme.get("/v1/users/erin/memories").json()["items"] == []
+    assert acme.get("/v1/users/erin2/memories").json()["items"] != []
+
+
+def test_admin_creates_lists_and_revokes_keys(admin: httpx.Client, deployment: Deployment) -> None:
+    created = admin.post("/v1/admin/keys", json={"tenant": "initech", "name": "bot"})
+    assert created.status_code == 201
+    secret, key = created.json()["secret"], created.json()["key"]
+    assert key["tenant"] == "initech" and secret.startswith("ms_")
+    with httpx.Client(base_url=deployment.url, headers=bearer(secret), timeout=30) as initech:
+        assert remember(initech, "frank", "Initech uses TPS reports.")["id"]
+        listed = admin.get("/v1/admin/keys", params={"tenant": "initech"}).json()["items"]
+        assert [k["id"] for k in listed] == [key["id"]]
+        assert secret not in json.dumps(listed)
+
+        assert admin.delete(f"/v1/admin/keys/{key['id']}").status_code == 204
+        assert_error(initech.get("/v1/users/frank/memories"), 401, "unauthorized")
+    assert_error(admin.delete(f"/v1/admin/keys/{key['id']}"), 404, "not_found")
+    paged = admin.get("/v1/admin/keys", params={"limit": 1}).json()
+    assert len(paged["items"]) == 1 and paged["next_cursor"] is not None
+
+
+def test_admin_erases_a_tenant_and_purges(admin: httpx.Client, deployment: Deployment) -> None:
+    secret = admin.post("/v1/admin/keys", json={"tenant": "umbrella"}).json()["secret"]
+    with httpx.Client(base_url=deployment.url, headers=bearer(secret), timeout=30) as umbrella:
+        remember(umbrella, "gus", "Umbrella keeps samples in the basement.")
+        remember(umbrella, "hal", "Hal likes the night shift.")
+        erased = admin.delete("/v1/admin/tenants/umbrella").json()
+        assert erased["memories"] == 2
+        assert umbrella.get("/v1/users/gus/memories").json()["items"] == []
+    purged = admin.post("/v1/admin/purge")
+    assert purged.status_code == 200 and set(purged.json()) == {"memories", "facts", "fact_changes", "messages"}
+    assert "memories" in admin.get("/v1/admin/stats").json()
+
+
+# ---------------------------------------------------------------------------------------------- authentication
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer"}, {"Authorization": "Bearer ms_wrong"}, {"Authorization": "Basic dXNlcjpwdw=="},
+    {"X-API-Key": "ms_not_a_key"}, {"Authorization": "Bearer " + "x" * 5000},
+], ids=["none", "empty-bearer", "wrong", "basic", "wrong-x-api-key", "huge"])
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/v1/users/alice/memories"), ("POST", "/v1/users/alice/search"), ("DELETE", "/v1/users/alice"),
+    ("GET", "/v1/admin/keys"), ("POST", "/mcp"), ("GET", "/v1/nowhere"),
+])
+def test_missing_or_wrong_key_is_401(anonymous: httpx.Client, headers: dict[str, str], method: str,
+                                     path: str) -> None:
+    assert_error(anonymous.request(method, path, headers=headers, json={"question": "x"}), 401, "unauthorized")
+
+
+def test_x_api_key_header_works_too(deployment: Deployment) -> None:
+    with httpx.Client(base_url=deployment.url, headers={"X-API-Key": deployment.acme}) as client:
+        assert client.get("/v1/users/alice/memories").status_code == 200
+
+
+def test_revoked_key_is_401(admin: httpx.Client, deployment: Deployment) -> None:
+    made = admin.post("/v1/admin/keys", json={"tenant": "acme", "name": "short-lived"}).json()
+    with httpx.Client(base_url=deployment.url, headers=bearer(made["secret"])) as client:
+        assert client.get("/v1/users/alice/memories").status_code == 200
+        admin.delete(f"/v1/admin/keys/{made['key']['id']}")
+        assert_error(client.get("/v1/users/alice/memories"), 401, "unauthorized")
+
+
+def test_another_tenants_record_is_404_like_a_missing_one(acme: httpx.Client, deployment: Deployment) -> None:
+    theirs = remember(acme, "ivy", "Acme's vault code is 1234.")
+    missing = assert_error(acme.get("/v1/users/ivy/memories/m_0000000000000000"), 404, "not_found")
+    with httpx.Client(base_url=deployment.url, headers=bearer(deployment.globex)) as globex:
+        for response in (globex.get(f"/v1/users/ivy/memories/{theirs['id']}"),
+                         globex.delete(f"/v1/users/ivy/memories/{theirs['id']}")):
+            error = assert_error(response, 404, "not_found")
+            assert error["message"].replace(theirs["id"], "ID").split(":")[0] == \
+                missing["message"].replace("m_0000000000000000", "ID").replace("acme", "globex").split(":")[0]
+        assert globex.post("/v1/users/ivy/search", json={"question": "vault code"}).json()["hits"] == []
+        assert globex.get("/v1/users/ivy/memories").json()["items"] == []
+        assert globex.get("/v1/users/ivy/export").text.count("\n") == 1  # the header line only
+    assert acme.get(f"/v1/users/ivy/memories/{theirs['id']}").status_code == 200
+
+
+def test_another_users_record_is_404(acme: httpx.Client) -> None:
+    theirs = remember(acme, "jack", "Jack's locker is 42.")
+    assert_error(acme.get(f"/v1/users/jill/memories/{theirs['id']}"), 404, "not_found")
+    assert_error(acme.delete(f"/v1/users/jill/memories/{theirs['id']}"), 404, "not_found")
+    assert acme.post("/v1/users/jill/search", json={"question": "locker"}).json()["hits"] == []
+    assert acme.get(f"/v1/users/jack/memories/{theirs['id']}").status_code == 200
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "/v1/admin/keys", None), ("POST", "/v1/admin/keys", {"tenant": "acme"}),
+    ("DELETE", "/v1/admin/keys/key_0000", None), ("DELETE", "/v1/admin/tenants/globex", None),
+    ("POST", "/v1/admin/purge", None), ("GET", "/v1/admin/stats", None),
+])
+def test_tenant_key_on_admin_endpoints_is_403(acme: httpx.Client, method: str, path: str, body: Any) -> None:
+    assert_error(acme.request(method, path, json=body), 403, "forbidden")
+
+
+def test_tenant_key_cannot_mint_keys_for_itself_via_body(acme: httpx.Client, admin: httpx.Client) -> None:
+    assert_error(acme.post("/v1/admin/keys", json={"tenant": None}), 403, "forbidden")
+    assert_error(admin.get("/v1/users/alice/memories"), 403, "forbidden")  # admin keys hold no user data
+
+
+def test_tenant_in_body_is_rejected_not_obeyed(acme: httpx.Client, deployment: Deployment) -> None:
+    sneaky = {"topic": "t", "content": "planted", "tenant": "globex"}
+    assert_error(acme.post("/v1/users/kim/memories", json=sneaky), 422, "validation_error")
+    with httpx.Client(base_url=deployment.url, headers=bearer(deployment.globex)) as globex:
+        assert globex.get("/v1/users/kim/memories").json()["items"] == []
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+BAD_INPUT = [
+    ("malformed-json", "POST", "/v1/users/u/memories", b'{"topic": "a", "content": ', 400, "malformed_json"),
+    ("not-an-object", "POST", "/v1/users/u/memories", b'["a", "b"]', 422, "validation_error"),
+    ("wrong-type", "POST", "/v1/users/u/memories", {"topic": 5, "content": ["x"]}, 422, "validation_error"),
+    ("missing-field", "POST", "/v1/users/u/memories", {"topic": "a"}, 422, "validation_error"),
+    ("empty-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": ""}, 422, "validation_error"),
+    ("blank-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": "   "}, 422, "invalid_input"),
+    ("unknown-source", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b", "source": "gossip"}, 422,
+     "unknown_source"),
+    ("negative-ttl", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b", "ttl": -5}, 422,
+     "validation_error"),
+    ("naive-expiry", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b",
+                                                      "expires_at": "2030-01-01T00:00:00"}, 422, "invalid_input"),
+    ("nul-in-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b\u0000c"}, 422, "invalid_input"),
+    ("too-long-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": "x" * 16_001}, 422,
+     "validation_error"),
+    ("empty-batch", "POST", "/v1/users/u/memories/batch", {"memories": []}, 422, "validation_error"),
+    ("search-limit-0", "POST", "/v1/users/u/search", {"question": "q", "limit": 0}, 422, "validation_error"),
+    ("search-limit-negative", "POST", "/v1/users/u/search", {"question": "q", "limit": -1}, 422, "validation_error"),
+    ("search-limit-huge", "POST", "/v1/users/u/search", {"question": "q", "limit": 10**9}, 422, "validation_error"),
+    ("search-limit-bigger-than-int64", "POST", "/v1/users/u/search", {"question": "q", "limit": 10**30}, 422,
+     "validation_error"),
+    ("search-limit-string", "POST", "/v1/users/u/search", {"question": "q", "limit": "many"}, 422,
+     "validation_error"),
+    ("search-unknown-mode", "POST", "/v1/users/u/search", {"question": "q", "mode": "psychic"}, 422,
+     "validation_error"),
+    ("search-floor-out-of-range", "POST", "/v1/users/u/search", {"question": "q", "floor": 7}, 422,
+     "validation_error"),
+    ("empty-question", "POST", "/v1/users/u/search", {"question": ""}, 422, "validation_error"),
+    ("list-limit-0", "GET", "/v1/users/u/memories?limit=0", None, 422, "validation_error"),
+    ("list-limit-negative", "GET", "/v1/users/u/memories?limit=-1", None, 422, "validation_error"),
+    ("list-limit-huge", "GET", "/v1/users/u/memories?limit=1000000000", None, 422, "validation_error"),
+    ("list-limit-text", "GET", "/v1/users/u/messages?limit=ten", None, 422, "validation_error"),
+    ("forged-cursor", "GET", "/v1/users/u/memories?cursor=abc", None, 422, "invalid_input"),
+    ("forged-offset-cursor", "GET", "/v1/users/u/facts?cursor=!!!", None, 422, "invalid_input"),
+    ("user-with-control-char", "GET", "/v1/users/a%01b/memories", None, 422, "invalid_input"),
+    ("fact-unknown-source", "PUT", "/v1/users/u/facts/k", {"value": "v", "source": "rumour"}, 422,
+     "unknown_source"),
+    ("fact-empty-value", "PUT", "/v1/users/u/facts/k", {"value": ""}, 422, "validation_error"),
+    ("message-missing-role", "POST", "/v1/users/u/messages", {"thread": "t", "content": "c"}, 422,
+     "validation_error"),
+    ("import-empty", "POST", "/v1/users/u/import", b"", 422, "invalid_input"),
+    ("import-bad-record", "POST", "/v1/users/u/import", b'{"kind": "memory", "id": "m_1"}\n', 422, "invalid_input"),
+    ("unknown-route", "GET", "/v1/users/u/nothing-here", None, 404, "not_found"),
+    ("wrong-method", "PATCH", "/v1/users/u/memories", None, 405, "method_not_allowed"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, status, kind", [case[1:] for case in BAD_INPUT],
+                         ids=[case[0] for case in BAD_INPUT])
+def test_bad_input_is_a_4xx_json_error(acme: httpx.Client, method: str, path: str, body: Any, status: int,
+                                       kind: str) -> None:
+    if isinstance(body, bytes):
+        response = acme.request(method, path, content=body, headers={"Content-Type": "application/json"})
+    else:
+        response = acme.request(method, path, json=body)
+    error = assert_error(response, status, kind)
+    if status == 422 and kind == "validation_error":
+        assert "/docs" in error["message"]
+
+
+def test_oversized_body_is_413(acme: httpx.Client) -> None:
+    huge = json.dumps({"topic": "a", "content": "x" * (MAX_BODY_BYTES + 10)}).encode()
+    assert_error(acme.post("/v1/users/u/memories", content=huge, headers={"Content-Type": "application/json"}),
+                 413, "payload_too_large")
+
+
+def test_oversized_chunked_body_without_length_is_413(acme: httpx.Client) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"topic": "a", "content": "'
+        for _ in range(20):
+            yield b"x" * 65_536
+        yield b'"}'
+
+    response = acme.post("/v1/users/u/memories", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in {k.lower() for k in response.request.headers}
+    assert_error(response, 413, "payload_too_large")
+
+
+def test_lying_content_length_is_413_and_server_stays_up(deployment: Deployment) -> None:
+    with socket.create_connection(("127.0.0.1", int(deployment.url.rsplit(":", 1)[1])), timeout=10) as raw:
+        raw.sendall(b"POST /v1/users/u/memories HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                    + deployment.acme.encode() + b"\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 99999999999\r\n\r\n{}")
+        received = b""
+        while chunk := raw.recv(4096):  # the server closes the connection after refusing
+            received += chunk
+    reply = received.decode(errors="replace")
+    assert reply.startswith("HTTP/1.1 413") and "payload_too_large" in reply
+    assert httpx.get(deployment.url + "/health").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------- memshelf serve
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"memshelf serve exited with {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"memshelf serve did not answer /health within {seconds} s")
+
+
+@pytest.mark.slow
+def test_serve_with_two_workers_shares_one_sqlite_file(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        secret = shelf.create_key("acme")[1]
+    port = free_port()
+    code = f"from memshelf.server import serve; serve(port={port}, workers=2, db={str(db)!r}, embedder='none', " \
+           "log_level='warning')"
+    process = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process)
+        with httpx.Client(base_url=url, headers=bearer(secret), timeout=30) as client:
+            ids = {remember(client, "w", f"fact number {i}")["id"] for i in range(20)}
+            listed = client.get("/v1/users/w/memories", params={"limit": 100}).json()["items"]
+            assert {m["id"] for m in listed} == ids
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
