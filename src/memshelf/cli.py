@@ -325,7 +325,14 @@ def migrate(ctx: typer.Context, source: str = typer.Argument(..., help="Path or 
         task = bar.add_task("copying", total=None)
         report = copy_everything(source, dest,
                                  progress=lambda n, total: bar.update(task, completed=n, total=total))
-    _emit_json(report) if s.as_json else out.print(f"copied and verified: {report}")
+    summary = report.as_dict()
+    if s.as_json:
+        _emit_json(summary)
+        return
+    out.print(f"copied {dict(summary['copied'])} for {summary['owners']} owners; every owner verified by counts "
+              "and sha256", highlight=False)
+    for note in summary["notes"]:
+        err.print(note)
 
 
 # ---------------------------------------------------------------- servers and keys

@@ -25,6 +25,30 @@ class Scored:
 
 
 @dataclass(frozen=True, slots=True)
+class Observation:
+    """What a repeat of an existing (topic, content) changes in the stored row."""
+
+    source: str
+    confidence: float
+    expires_at: datetime | None
+    replace_vector: bool
+
+
+def observe_again(old: Memory, item: NewMemory, now: datetime) -> Observation:
+    """The dedup rule every backend applies: keep the stronger source, keep the later expiry (None is never),
+    revive an expired row with the new expiry, and take the new vector only if it is of another model."""
+    stronger = item.confidence > old.confidence
+    if old.expires_at is not None and old.expires_at <= now:
+        expires = item.expires_at
+    elif old.expires_at is None or item.expires_at is None:
+        expires = None
+    else:
+        expires = max(old.expires_at, item.expires_at)
+    return Observation(item.source if stronger else old.source, max(item.confidence, old.confidence), expires,
+                       item.vector is not None and old.embed_model != item.embed_model)
+
+
+@dataclass(frozen=True, slots=True)
 class Erased:
     """How many records an erase or purge removed."""
 
@@ -172,6 +196,10 @@ class Store(ABC):
 
     @abstractmethod
     def list_keys(self, tenant: str | None) -> list[ApiKey]: ...
+
+    @abstractmethod
+    def api_keys(self) -> list[tuple[ApiKey, str]]:
+        """Every key, revoked ones too, with its secret hash: for copying keys between backends."""
 
     @abstractmethod
     def revoke_key(self, key_id: str, now: datetime) -> bool: ...

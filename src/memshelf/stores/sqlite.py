@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, StoreError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import VectorMatrix, top_k
-from .base import ApiKey, Erased, Pending, Scored, Store, register_store
+from .base import ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
@@ -51,9 +51,18 @@ def _memory(row: Sequence) -> Memory:
                   observations=row[8], embed_model=row[9])
 
 
-def fts_query(terms: Sequence[str]) -> str:
-    """Each term as a quoted FTS5 string with prefix matching, OR-ed: user text is never FTS5 syntax."""
-    return " OR ".join('"' + term.replace('"', '""') + '"*' for term in terms)
+def owner_tag(owner: Owner) -> str:
+    """The owner's token in the full-text index: letters and digits only, so no tokenizer splits it."""
+    return "own" + hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode()).hexdigest()[:24]
+
+
+def fts_query(owner: Owner, terms: Sequence[str]) -> str:
+    """The owner's token AND any of the terms (each quoted, with prefix matching) in topic or content.
+
+    Terms are quoted FTS5 strings: user text is never FTS5 syntax.
+    """
+    any_term = " OR ".join('"' + term.replace('"', '""') + '"*' for term in terms)
+    return f'owner_tag : "{owner_tag(owner)}" AND ({{topic content}} : ({any_term}))'
 
 
 @dataclass
@@ -162,6 +171,7 @@ class SQLiteStore(Store):
         from ..ids import new_id
 
         stored: list[Memory] = []
+        tag = owner_tag(owner)
         with self.atomic():
             for item in items:
                 key = digest(item.topic, item.content)
@@ -171,10 +181,10 @@ class SQLiteStore(Store):
                     (owner.tenant, owner.user, key)).fetchone()
                 if row is None:
                     self._q(
-                        "INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence,"
-                        " created_at, last_seen, observations, expires_at, embedding, embed_model)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
-                        (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
+                        "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
+                        " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
+                        (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
                          item.confidence, ts(item.created_at), ts(now), ts(item.expires_at), item.vector,
                          item.embed_model))
                 else:
@@ -186,38 +196,23 @@ class SQLiteStore(Store):
         return stored
 
     def _observe_again(self, row: Sequence, item: NewMemory, now: datetime) -> None:
-        """A repeat observation: count it, refresh last_seen, keep the better source and the later expiry.
-
-        An expired row that is observed again comes back to life with the new expiry.
-        """
-        old = _memory(row[1:])
-        stronger = item.confidence > old.confidence
-        if old.expires_at is not None and old.expires_at <= now:
-            expires = item.expires_at
-        elif old.expires_at is None or item.expires_at is None:
-            expires = None
-        else:
-            expires = max(old.expires_at, item.expires_at)
-        vector_update = item.vector is not None and old.embed_model != item.embed_model
+        seen = observe_again(_memory(row[1:]), item, now)
         self._q(
-            "UPDATE memories SET observations = observations + 1, last_seen = ?, expires_at = ?,"
-            " source = ?, confidence = ?"
-            + (", embedding = ?, embed_model = ?" if vector_update else "")
-            + " WHERE pk = ?",
-            (ts(now), ts(expires), item.source if stronger else old.source,
-             item.confidence if stronger else old.confidence,
-             *((item.vector, item.embed_model) if vector_update else ()), row[0]))
+            "UPDATE memories SET observations = observations + 1, last_seen = ?, expires_at = ?, source = ?,"
+            " confidence = ?" + (", embedding = ?, embed_model = ?" if seen.replace_vector else "") + " WHERE pk = ?",
+            (ts(now), ts(seen.expires_at), seen.source, seen.confidence,
+             *((item.vector, item.embed_model) if seen.replace_vector else ()), row[0]))
 
     def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None]) -> int:
         added = 0
         with self.atomic():
             for memory, vector in zip(items, vectors):
                 cur = self._q(
-                    "INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence,"
-                    " created_at, last_seen, observations, expires_at, embedding, embed_model)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
+                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
-                     digest(memory.topic, memory.content), memory.source, memory.confidence,
+                     digest(memory.topic, memory.content), owner_tag(owner), memory.source, memory.confidence,
                      ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
                      ts(memory.expires_at), vector, memory.embed_model if vector is not None else None))
                 added += cur.rowcount
@@ -258,12 +253,12 @@ class SQLiteStore(Store):
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
         rows = self._q(
-            f"SELECT {_MEMORY_COLUMNS}, bm25(memories_fts) AS rank"
+            f"SELECT {_MEMORY_COLUMNS}, bm25(memories_fts, 1.0, 1.0, 0.0) AS rank"
             " FROM memories_fts JOIN memories m ON m.pk = memories_fts.rowid"
             " WHERE memories_fts MATCH ? AND m.tenant = ? AND m.user_id = ?"
             " AND (m.expires_at IS NULL OR m.expires_at > ?)"
             f" ORDER BY {order} LIMIT ?",
-            (fts_query(terms), owner.tenant, owner.user, ts(now), limit)).fetchall()
+            (fts_query(owner, terms), owner.tenant, owner.user, ts(now), limit)).fetchall()
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[10])) for r in rows]
 
@@ -463,6 +458,11 @@ class SQLiteStore(Store):
         rows = self._q(sql + (" WHERE tenant = ?" if tenant is not None else "") + " ORDER BY created_at, id",
                        (tenant,) if tenant is not None else ()).fetchall()
         return [ApiKey(r[0], r[1], r[2], parse_ts(r[3]), parse_ts(r[4])) for r in rows]
+
+    def api_keys(self) -> list[tuple[ApiKey, str]]:
+        rows = self._q("SELECT id, tenant, name, created_at, revoked_at, secret_hash FROM api_keys"
+                       " ORDER BY created_at, id").fetchall()
+        return [(ApiKey(r[0], r[1], r[2], parse_ts(r[3]), parse_ts(r[4])), r[5]) for r in rows]
 
     def revoke_key(self, key_id: str, now: datetime) -> bool:
         with self.atomic():

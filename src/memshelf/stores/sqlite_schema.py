@@ -12,6 +12,7 @@ CREATE TABLE memories (
     topic        TEXT NOT NULL,
     content      TEXT NOT NULL,
     digest       TEXT NOT NULL,
+    owner_tag    TEXT NOT NULL,
     source       TEXT NOT NULL,
     confidence   REAL NOT NULL,
     created_at   TEXT NOT NULL,
@@ -27,16 +28,18 @@ CREATE INDEX memories_owner_created ON memories (tenant, user_id, created_at);
 CREATE INDEX memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL;
 CREATE INDEX memories_model ON memories (embed_model, pk);
 
--- Full-text index over topic and content. External content: the text lives once, in memories.
+-- Full-text index over topic and content. External content: the text lives once, in memories. owner_tag is one
+-- token per owner, so a match starts from the owner's rows instead of every tenant's (the SQL owner filter stays).
 CREATE VIRTUAL TABLE memories_fts USING fts5(
-    topic, content, content='memories', content_rowid='pk',
+    topic, content, owner_tag, content='memories', content_rowid='pk',
     tokenize='porter unicode61 remove_diacritics 2'
 );
 CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
-    INSERT INTO memories_fts (rowid, topic, content) VALUES (new.pk, new.topic, new.content);
+    INSERT INTO memories_fts (rowid, topic, content, owner_tag) VALUES (new.pk, new.topic, new.content, new.owner_tag);
 END;
 CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
-    INSERT INTO memories_fts (memories_fts, rowid, topic, content) VALUES ('delete', old.pk, old.topic, old.content);
+    INSERT INTO memories_fts (memories_fts, rowid, topic, content, owner_tag)
+    VALUES ('delete', old.pk, old.topic, old.content, old.owner_tag);
 END;
 
 -- Per-owner counters that tell the in-process vector matrix when to refresh, so several processes can share one

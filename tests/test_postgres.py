@@ -1,0 +1,310 @@
+"""PostgreSQL-only behaviour, on a real server (tests/pg.py): migrations, the row-level security wall, owner-filtered
+vector search against exact numpy, erasure, and migration between backends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, UTC
+
+import numpy as np
+import psycopg
+import pytest
+from fakes import HashEmbedder
+
+from memshelf import DimensionMismatch, Owner, Shelf
+from memshelf.migrate import MigrationMismatch, copy_store, migrate, owner_check
+from memshelf.model import Memory
+from memshelf.stores.postgres import PostgresStore
+from memshelf.stores.postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
+from memshelf.stores.sqlite import SQLiteStore
+from memshelf.vectors import pack
+
+A = Owner("tenant-a", "alice")
+B = Owner("tenant-b", "bob")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def store(pg_url):
+    opened = PostgresStore(pg_url)
+    yield opened
+    opened.close()
+
+
+def _fill(shelf: Shelf, owner: Owner, word: str) -> None:
+    shelf.remember(owner, "note", f"{owner.user} keeps a {word} in the drawer")
+    shelf.set_fact(owner, "colour", f"{word}-blue")
+    shelf.set_fact(owner, "colour", f"{word}-green")
+    shelf.log_message(owner, "t1", "user", f"where is my {word}?")
+
+
+# ---------------------------------------------------------------- migrations
+def test_migrations_are_recorded_and_running_them_again_changes_nothing(pg_url, store):
+    names = [name for name, _ in MIGRATIONS]
+    assert store.applied_migrations() == names
+    again = PostgresStore(pg_url)
+    try:
+        assert again.applied_migrations() == names
+    finally:
+        again.close()
+
+
+def test_migrations_from_two_processes_and_threads_at_once(pg_server):
+    url = pg_server.empty_database()
+    code = "import sys; from memshelf.stores.postgres import PostgresStore; PostgresStore(sys.argv[1]).close()"
+    processes = [subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def migrate_in_thread() -> None:
+        try:
+            PostgresStore(url, pool_size=1).close()
+        except BaseException as exc:  # noqa: BLE001  reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate_in_thread) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for process in processes:
+        assert process.wait(timeout=60) == 0, process.stderr.read().decode()
+    assert errors == []
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT name, count(*) FROM memshelf_migrations GROUP BY name ORDER BY name").fetchall()
+    assert rows == [(name, 1) for name, _ in MIGRATIONS]
+
+
+def test_open_by_url_gives_a_working_shelf(pg_url):
+    with Shelf.open(pg_url, embedder=None) as shelf:
+        memory = shelf.remember(A, "network", "The office printer is on 192.168.1.40.")
+        assert [h.memory.id for h in shelf.search(A, "printers")] == [memory.id]
+        assert list(shelf.search(B, "printer")) == []
+
+
+# ---------------------------------------------------------------- the row-level security wall
+@pytest.fixture(scope="module")
+def two_tenants(pg_url):
+    with Shelf.open(pg_url, embedder=None) as shelf:
+        _fill(shelf, Owner("wall-a", "alice"), "stapler")
+        _fill(shelf, Owner("wall-b", "bob"), "compass")
+        shelf.create_key("wall-b", "bob's key")
+    return pg_url
+
+
+def _unfiltered(url: str, table: str, *, role: str | None, tenant: str | None) -> list[tuple]:
+    """SELECT * with no WHERE at all, as the given role with the given tenant set for the transaction."""
+    with psycopg.connect(url) as conn:
+        if role is not None:
+            conn.execute(f"SET LOCAL ROLE {role}")
+        if tenant is not None:
+            conn.execute("SELECT set_config('memshelf.tenant', %s, true)", (tenant,))
+        return conn.execute(f"SELECT tenant FROM {table}").fetchall()
+
+
+@pytest.mark.parametrize("table", OWNER_TABLES)
+def test_an_unfiltered_query_sees_only_the_tenant_set_for_the_transaction(two_tenants, table):
+    seen = _unfiltered(two_tenants, table, role=APP_ROLE, tenant="wall-a")
+    assert ("wall-b",) not in seen
+    if table != "api_keys":
+        assert set(seen) == {("wall-a",)}
+    assert _unfiltered(two_tenants, table, role=APP_ROLE, tenant="wall-b") != []
+
+
+@pytest.mark.parametrize("table", OWNER_TABLES)
+def test_an_unfiltered_query_with_no_tenant_set_sees_nothing(two_tenants, table):
+    assert _unfiltered(two_tenants, table, role=APP_ROLE, tenant=None) == []
+
+
+def test_the_stores_own_scope_walls_an_unfiltered_query(two_tenants):
+    store = PostgresStore(two_tenants, pool_size=1)
+    try:
+        with store._tenant("wall-a") as cur:  # the scope every owner operation of the store runs in
+            tenants = {r[0] for r in cur.execute("SELECT tenant FROM memories")}
+            facts = {r[0] for r in cur.execute("SELECT tenant FROM fact_history")}
+        assert tenants == {"wall-a"} and facts == {"wall-a"}
+    finally:
+        store.close()
+
+
+def test_the_wall_refuses_writing_into_another_tenant(two_tenants):
+    with psycopg.connect(two_tenants) as conn:
+        conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
+        conn.execute("SELECT set_config('memshelf.tenant', 'wall-a', true)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            conn.execute("INSERT INTO facts VALUES ('wall-b', 'bob', 'k', 'v', 'stated', now())")
+
+
+# ---------------------------------------------------------------- owner-filtered vector search
+DIMS = 48
+TENANTS = 100
+PER_OWNER = 150
+K = 10
+
+
+def _clustered(rng: np.random.Generator, n: int) -> np.ndarray:
+    centres = rng.normal(size=(20, DIMS)).astype(np.float32)
+    points = centres[rng.integers(0, 20, n)] + 0.35 * rng.normal(size=(n, DIMS)).astype(np.float32)
+    return points / np.linalg.norm(points, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def crowd(pg_server):
+    """100 tenants of 150 memories each in one table: each owner is 1% of the rows."""
+    url = pg_server.fresh_database()
+    rng = np.random.default_rng(7)
+    vectors = _clustered(rng, TENANTS * PER_OWNER)
+    store = PostgresStore(url)
+    owners = [Owner(f"t{i:03d}", "user") for i in range(TENANTS)]
+    with store.deferred_indexes():  # one HNSW build at the end instead of 15,000 inserts into the graph
+        for i, owner in enumerate(owners):
+            block = vectors[i * PER_OWNER:(i + 1) * PER_OWNER]
+            items = [Memory(f"m_{i}_{j}", "topic", f"memory {j} of tenant {i}", "stated", 1.0, T0,
+                            embed_model="test-48") for j in range(PER_OWNER)]
+            store.import_memories(owner, items, [pack(v) for v in block])
+    yield store, owners, vectors, url
+    store.close()
+    pg_server.drop(url)
+
+
+def _exact_top(vectors: np.ndarray, owner_index: int, query: np.ndarray) -> list[str]:
+    block = vectors[owner_index * PER_OWNER:(owner_index + 1) * PER_OWNER]
+    scores = block @ (query / np.linalg.norm(query))
+    return [f"m_{owner_index}_{j}" for j in np.argsort(-scores, kind="stable")[:K]]
+
+
+def test_a_small_owners_top_k_is_exactly_its_exact_top_k(crowd):
+    store, owners, vectors, _ = crowd
+    rng = np.random.default_rng(11)
+    for owner_index in (0, 37, 99):
+        for query in _clustered(rng, 5):
+            found = store.vector_search(owners[owner_index], "test-48", query, K, -1.0, T0)
+            assert [s.memory.id for s in found] == _exact_top(vectors, owner_index, query)
+
+
+def test_the_hnsw_path_with_a_tenant_filter_does_not_lose_results(crowd):
+    store, owners, vectors, url = crowd
+    indexed = PostgresStore(url, exact_max_rows=0)  # force the index even for a small owner
+    try:
+        rng = np.random.default_rng(12)
+        recalls = []
+        for owner_index in (3, 50, 98):
+            for query in _clustered(rng, 5):
+                found = indexed.vector_search(owners[owner_index], "test-48", query, K, -1.0, T0)
+                assert len(found) == K, "the owner filter starved the index scan"
+                assert {s.memory.id for s in found} <= {f"m_{owner_index}_{j}" for j in range(PER_OWNER)}
+                recalls.append(len({s.memory.id for s in found} & set(_exact_top(vectors, owner_index, query))) / K)
+        assert np.mean(recalls) >= 0.95
+        with psycopg.connect(url) as conn:
+            plan = "\n".join(r[0] for r in conn.execute(
+                "SELECT 'x' UNION ALL SELECT indexdef FROM pg_indexes WHERE indexname LIKE 'memories_hnsw_%%'"))
+        assert "hnsw" in plan and "vector(48)" in plan
+    finally:
+        indexed.close()
+
+
+def test_floor_and_dimension_checks(crowd):
+    store, owners, vectors, _ = crowd
+    query = vectors[0]
+    assert all(s.score >= 0.9 for s in store.vector_search(owners[0], "test-48", query, K, 0.9, T0))
+    assert store.vector_search(owners[0], "another-model", query, K, -1.0, T0) == []
+    with pytest.raises(DimensionMismatch, match="48"):
+        store.vector_search(owners[0], "test-48", np.ones(12, dtype=np.float32), K, -1.0, T0)
+
+
+# ---------------------------------------------------------------- erasure
+def _rows_of(url: str, where: str, params: tuple) -> dict[str, int]:
+    with psycopg.connect(url) as conn:  # the login role (a superuser here): sees past row-level security
+        return {t: conn.execute(f"SELECT count(*) FROM {t} WHERE {where}", params).fetchone()[0]
+                for t in ("memories", "facts", "fact_history", "messages")}
+
+
+def test_erase_user_and_tenant_leave_no_rows(pg_server):
+    url = pg_server.fresh_database()
+    carol, dave, erin = Owner("erase-x", "carol"), Owner("erase-x", "dave"), Owner("erase-y", "erin")
+    with Shelf.open(url, embedder=HashEmbedder()) as shelf:
+        for owner in (carol, dave, erin):
+            _fill(shelf, owner, "secret-" + owner.user)
+        erased = shelf.forget_user(carol)
+        assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1}
+        assert _rows_of(url, "user_id = %s", ("carol",)) == dict.fromkeys(_rows_of(url, "true", ()), 0)
+        assert shelf.forget_tenant("erase-x").memories == 1
+        assert set(_rows_of(url, "tenant = %s", ("erase-x",)).values()) == {0}
+        assert _rows_of(url, "tenant = %s", ("erase-y",))["memories"] == 1
+    with psycopg.connect(url) as conn:
+        hits = conn.execute("SELECT count(*) FROM memories WHERE search @@ to_tsquery('memshelf_text', 'carol')"
+                            " OR content LIKE '%%secret-carol%%' OR content LIKE '%%secret-dave%%'").fetchone()[0]
+        assert hits == 0
+    pg_server.drop(url)
+
+
+# ---------------------------------------------------------------- migration between backends
+def _populate(shelf: Shelf) -> list[Owner]:
+    owners = [Owner("acme", "maya"), Owner("acme", "li"), Owner("home", "kaleb")]
+    for n, owner in enumerate(owners):
+        shelf.remember_many(owner, [{"topic": "t", "content": f"{owner.user} fact {i}", "source": "mined"}
+                                    for i in range(25)])
+        shelf.remember(owner, "t", f"{owner.user} fact 0", source="stated")  # a second observation
+        shelf.remember(owner, "gone", f"{owner.user} expired", ttl=1)
+        shelf.set_fact(owner, "name", owner.user)
+        shelf.set_fact(owner, "name", owner.user.upper())
+        for i in range(n + 2):
+            shelf.log_message(owner, "thread", "user", f"hello {i}", ttl=None)
+    return owners
+
+
+def _exports(shelf: Shelf, owners: list[Owner]) -> list[list[dict]]:
+    return [list(shelf.export(owner)) for owner in owners]
+
+
+def test_migrate_sqlite_to_postgres_and_back_gives_identical_exports(pg_server, tmp_path):
+    url = pg_server.fresh_database()
+    clock = iter(T0 + timedelta(seconds=i) for i in range(10_000))
+    with Shelf.open(str(tmp_path / "a.db"), embedder=HashEmbedder(), clock=lambda: next(clock)) as first:
+        owners = _populate(first)
+        first.create_key("acme", "acme key")
+        original = _exports(first, owners)
+
+    seen: list[tuple[int, int]] = []
+    report = migrate(str(tmp_path / "a.db"), url, batch=10, progress=lambda done, total: seen.append((done, total)))
+    assert report.owners == 3 and report.copied["memories"] == 3 * 26
+    assert seen[-1][0] == seen[-1][1] and len(seen) > 3
+    assert report.copied["api_keys"] == 1 and report.notes == []
+
+    again = migrate(str(tmp_path / "a.db"), url, batch=10)  # resumable: a second run adds nothing
+    assert sum(again.copied.values()) == 0
+
+    with Shelf.open(url, embedder=HashEmbedder()) as middle:
+        assert _exports(middle, owners) == original
+        middle.create_key("home", "home key")
+    back = migrate(url, str(tmp_path / "b.db"))
+    assert back.copied["api_keys"] == 2 and back.notes == []
+    with Shelf.open(str(tmp_path / "b.db"), embedder=HashEmbedder()) as last:
+        assert _exports(last, owners) == original
+        assert sorted(k.name for k in last.list_keys()) == ["acme key", "home key"]
+    pg_server.drop(url)
+
+
+def test_an_interrupted_migration_resumes_and_a_diverged_destination_is_refused(pg_server, tmp_path):
+    url = pg_server.fresh_database()
+    with Shelf.open(str(tmp_path / "a.db"), embedder=None) as first:
+        owners = _populate(first)
+    source, dest = SQLiteStore(str(tmp_path / "a.db")), PostgresStore(url)
+    try:
+        def interrupt(done: int, total: int) -> None:
+            if done > 30:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            copy_store(source, dest, batch=10, progress=interrupt)
+        copy_store(source, dest, batch=10)
+        assert [owner_check(dest, o) for o in owners] == [owner_check(source, o) for o in owners]
+
+        dest.set_fact(owners[0], "extra", "only here", "stated", T0)
+        with pytest.raises(MigrationMismatch, match="acme/maya differs.*migrate into an empty destination"):
+            copy_store(source, dest)
+    finally:
+        source.close()
+        dest.close()
+    pg_server.drop(url)
