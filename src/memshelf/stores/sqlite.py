@@ -21,6 +21,7 @@ from .base import ApiKey, Erased, Pending, Scored, Store, observe_again, registe
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
+MMAP_BYTES = 1 << 30
 _TS = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
 
 
@@ -107,6 +108,10 @@ class SQLiteStore(Store):
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("PRAGMA secure_delete = ON")  # erased text is overwritten, not left in free pages
                 conn.execute("PRAGMA foreign_keys = ON")
+                # Read pages through the OS page cache instead of SQLite's 2 MB per-connection cache: a keyword
+                # search visits one memories row (and one FTS docsize row) per match, and at 100k memories those
+                # pages no longer fit the default cache. Address space only; shared by every connection.
+                conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot open SQLite database {self.path}: {exc}; "
                                  "check the path and permissions") from exc
@@ -254,7 +259,7 @@ class SQLiteStore(Store):
             "rank, m.created_at DESC, m.pk DESC"
         rows = self._q(
             f"SELECT {_MEMORY_COLUMNS}, bm25(memories_fts, 1.0, 1.0, 0.0) AS rank"
-            " FROM memories_fts JOIN memories m ON m.pk = memories_fts.rowid"
+            " FROM memories_fts CROSS JOIN memories m ON m.pk = memories_fts.rowid"  # FTS first, always
             " WHERE memories_fts MATCH ? AND m.tenant = ? AND m.user_id = ?"
             " AND (m.expires_at IS NULL OR m.expires_at > ?)"
             f" ORDER BY {order} LIMIT ?",
@@ -280,8 +285,8 @@ class SQLiteStore(Store):
         marks = ",".join("?" * len(keys))
         rows = {r[10]: r for r in self._q(
             f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
-            " AND m.tenant = ? AND m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)",
-            (*keys, owner.tenant, owner.user, ts(now))).fetchall()}
+            " AND +m.tenant = ? AND +m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)",
+            (*keys, owner.tenant, owner.user, ts(now))).fetchall()}  # unary +: look rows up by pk, not owner index
         return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
 
     def _owner_vectors(self, owner: Owner, model: str) -> VectorMatrix:
