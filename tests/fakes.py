@@ -22,7 +22,8 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterable, Self, Sequence
+from typing import Any, Self
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from .model import Memory
 from .stores.base import Scored
 
-RRF_K = 60
+RRF_K = 10
 KEYWORD_WEIGHT = 1.0
-SEMANTIC_WEIGHT = 1.0
+SEMANTIC_WEIGHT = 0.5
 
 
 @dataclass

@@ -32,7 +32,7 @@ _DEFAULT = object()
 MODES = ("auto", "keyword", "semantic", "hybrid")
 MAX_LIMIT = 1_000
 MAX_QUERY_TERMS = 12
-DEFAULT_FLOOR = 0.30
+DEFAULT_FLOOR = 0.20
 """Cosine below which a semantic candidate is noise (all-MiniLM-L6-v2; see README for how it was chosen)."""
 CANDIDATES = 50
 """How many candidates each retriever contributes to a hybrid search."""

@@ -21,6 +21,11 @@ from .base import ApiKey, Erased, Pending, Scored, Store, observe_again, registe
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
+CONTEXT_TURNS = 2
+"""How many earlier memories of the same owner and topic a memory's keyword index also covers (its context)."""
+CONTEXT_WEIGHT = 1.0
+"""bm25 weight of the context column. The query requires, and so counts a second time, a match in the row's own
+topic or content, which makes a memory's own words count about twice its neighbours' (BENCHMARKS.md, LoCoMo)."""
 MMAP_BYTES = 1 << 30
 _TS = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
 
@@ -34,7 +39,7 @@ def parse_ts(value: str) -> datetime: ...
 @overload
 def parse_ts(value: None) -> None: ...
 def parse_ts(value: str | None) -> datetime | None:
-    return None if value is None else datetime.strptime(value, _TS).replace(tzinfo=UTC)
+    return None if value is None else datetime.fromisoformat(value)  # reads the "...Z" form (Python >= 3.11)
 
 
 def digest(topic: str, content: str) -> str:
@@ -57,13 +62,22 @@ def owner_tag(owner: Owner) -> str:
     return "own" + hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode()).hexdigest()[:24]
 
 
-def fts_query(owner: Owner, terms: Sequence[str]) -> str:
-    """The owner's token AND any of the terms (each quoted, with prefix matching) in topic or content.
+def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool) -> str:
+    """Any of the terms (each quoted, with prefix matching) in the row's own topic or content; with `owner`, also
+    the owner's index token; `with_context` (for memories_context_fts) also ranks by the conversation context.
 
     Terms are quoted FTS5 strings: user text is never FTS5 syntax.
     """
     any_term = " OR ".join('"' + term.replace('"', '""') + '"*' for term in terms)
-    return f'owner_tag : "{owner_tag(owner)}" AND ({{topic content}} : ({any_term}))'
+    query = f"{{topic content}} : ({any_term})"  # only rows whose own words match are returned
+    if with_context:
+        query = f"({query}) AND ({{topic content context}} : ({any_term}))"
+    return query if owner is None else f'owner_tag : "{owner_tag(owner)}" AND ({query})'
+
+
+OWNER_TOKEN_SHARE = 0.25
+"""Below this share of the file's memories, a keyword query starts from the owner's index token. Above it the
+token only costs time: bm25 walks its whole doclist, which is most of the file."""
 
 
 @dataclass
@@ -187,11 +201,11 @@ class SQLiteStore(Store):
                 if row is None:
                     self._q(
                         "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                        " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
+                        " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
                         (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
                          item.confidence, ts(item.created_at), ts(now), ts(item.expires_at), item.vector,
-                         item.embed_model))
+                         item.embed_model, self._context(owner, item.topic, None)))
                 else:
                     self._observe_again(row, item, now)
                 got = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m "
@@ -199,6 +213,32 @@ class SQLiteStore(Store):
                               (owner.tenant, owner.user, key)).fetchone()
                 stored.append(_memory(got))
         return stored
+
+    def _context(self, owner: Owner, topic: str, before: int | None) -> str:
+        """The text of the CONTEXT_TURNS memories stored just before pk `before` (None: the newest) by the same
+        owner under the same topic: what the conversation was about when this memory was said."""
+        rows = self._q("SELECT content FROM memories WHERE tenant = ? AND user_id = ? AND topic = ? AND pk < ?"
+                       " ORDER BY pk DESC LIMIT ?",
+                       (owner.tenant, owner.user, topic, 2**62 if before is None else before,
+                        CONTEXT_TURNS)).fetchall()
+        return "\n".join(r[0] for r in reversed(rows))
+
+    def _doomed(self, where: str, params: tuple) -> list[tuple[Owner, str, int]]:
+        return [(Owner(r[0], r[1]), r[2], r[3]) for r in self._q(
+            f"SELECT tenant, user_id, topic, pk FROM memories WHERE {where}", params).fetchall()]
+
+    def _recontext(self, gone: Sequence[tuple[Owner, str, int]]) -> None:
+        """After rows are deleted, rewrite the context of the memories that followed them, so no copy of a
+        deleted memory's text stays in the index."""
+        done: set[int] = set()
+        for owner, topic, pk in gone:
+            followers = self._q("SELECT pk FROM memories WHERE tenant = ? AND user_id = ? AND topic = ? AND pk > ?"
+                                " ORDER BY pk LIMIT ?", (owner.tenant, owner.user, topic, pk, CONTEXT_TURNS)).fetchall()
+            for (follower,) in followers:
+                if follower not in done:
+                    done.add(follower)
+                    self._q("UPDATE memories SET context = ? WHERE pk = ?",
+                            (self._context(owner, topic, follower), follower))
 
     def _observe_again(self, row: Sequence, item: NewMemory, now: datetime) -> None:
         seen = observe_again(_memory(row[1:]), item, now)
@@ -214,12 +254,13 @@ class SQLiteStore(Store):
             for memory, vector in zip(items, vectors):
                 cur = self._q(
                     "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
                      digest(memory.topic, memory.content), owner_tag(owner), memory.source, memory.confidence,
                      ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
-                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None))
+                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None,
+                     self._context(owner, memory.topic, None)))
                 added += cur.rowcount
         return added
 
@@ -231,8 +272,10 @@ class SQLiteStore(Store):
 
     def delete_memory(self, owner: Owner, memory_id: str) -> bool:
         with self.atomic():
+            gone = self._doomed("tenant = ? AND user_id = ? AND id = ?", (owner.tenant, owner.user, memory_id))
             cur = self._q("DELETE FROM memories WHERE tenant = ? AND user_id = ? AND id = ?",
                           (owner.tenant, owner.user, memory_id))
+            self._recontext(gone)
         if cur.rowcount:
             self._scrub()
         return cur.rowcount > 0
@@ -253,19 +296,33 @@ class SQLiteStore(Store):
 
     def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
                        by_confidence: bool) -> list[Scored]:
+        """Keyword search ranks a row by its own words (memories_fts); the hybrid's candidates (not by_confidence)
+        are ranked with their conversation context too (memories_context_fts), which finds the turn that answers a
+        question asked in the words of the turns around it."""
         if not terms:
             return []
+        table, weights = ("memories_fts", "1.0, 1.0, 0.0") if by_confidence else \
+            ("memories_context_fts", f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
+        narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
+        query = fts_query(terms, owner if narrow else None, with_context=not by_confidence)
         rows = self._q(
-            f"SELECT {_MEMORY_COLUMNS}, bm25(memories_fts, 1.0, 1.0, 0.0) AS rank"
-            " FROM memories_fts CROSS JOIN memories m ON m.pk = memories_fts.rowid"  # FTS first, always
-            " WHERE memories_fts MATCH ? AND m.tenant = ? AND m.user_id = ?"
+            f"SELECT {_MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
+            f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
+            f" WHERE {table} MATCH ? AND m.tenant = ? AND m.user_id = ?"
             " AND (m.expires_at IS NULL OR m.expires_at > ?)"
             f" ORDER BY {order} LIMIT ?",
-            (fts_query(owner, terms), owner.tenant, owner.user, ts(now), limit)).fetchall()
+            (query, owner.tenant, owner.user, ts(now), limit)).fetchall()
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[10])) for r in rows]
+
+    def _owner_share(self, owner: Owner) -> float:
+        """Roughly what fraction of the file's memories belong to the owner (two index lookups)."""
+        row = self._q("SELECT (SELECT memories FROM owner_generation WHERE tenant = ? AND user_id = ?),"
+                      " (SELECT max(pk) FROM memories)", (owner.tenant, owner.user)).fetchone()
+        mine, top = row[0] or 0, row[1] or 0
+        return mine / top if top else 1.0
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
@@ -430,12 +487,14 @@ class SQLiteStore(Store):
     def purge_expired(self, now: datetime) -> Erased:
         stamp = ts(now)
         with self.atomic():
+            gone = self._doomed("expires_at IS NOT NULL AND expires_at <= ?", (stamp,))
             counts = Erased(
                 memories=self._q("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= ?",
                                  (stamp,)).rowcount,
                 messages=self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
                                  (stamp,)).rowcount,
             )
+            self._recontext(gone)
         if counts.memories or counts.messages:
             self._scrub()
         return counts
@@ -444,6 +503,7 @@ class SQLiteStore(Store):
         """Leave no copy of erased text behind: merge the full-text index (dropping deleted entries from its
         segments) and checkpoint the WAL so old page images are overwritten. secure_delete zeroes freed pages."""
         self._q("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+        self._q("INSERT INTO memories_context_fts (memories_context_fts) VALUES ('optimize')")
         if not self._memory_db:
             self._q("PRAGMA wal_checkpoint(TRUNCATE)")
 

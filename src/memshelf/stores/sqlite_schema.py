@@ -50,15 +50,16 @@ CREATE TABLE owner_generation (
     user_id    TEXT NOT NULL,
     generation INTEGER NOT NULL DEFAULT 0,
     appended   INTEGER NOT NULL DEFAULT 0,
+    memories   INTEGER NOT NULL DEFAULT 0,  -- how many rows the owner has (chooses the keyword query plan)
     PRIMARY KEY (tenant, user_id)
 ) WITHOUT ROWID;
 CREATE INDEX memories_owner_model ON memories (tenant, user_id, embed_model, pk);
 CREATE TRIGGER memories_gen_insert AFTER INSERT ON memories BEGIN
-    INSERT INTO owner_generation (tenant, user_id, appended) VALUES (new.tenant, new.user_id, 1)
-    ON CONFLICT (tenant, user_id) DO UPDATE SET appended = appended + 1;
+    INSERT INTO owner_generation (tenant, user_id, appended, memories) VALUES (new.tenant, new.user_id, 1, 1)
+    ON CONFLICT (tenant, user_id) DO UPDATE SET appended = appended + 1, memories = memories + 1;
 END;
 CREATE TRIGGER memories_gen_delete AFTER DELETE ON memories BEGIN
-    UPDATE owner_generation SET generation = generation + 1
+    UPDATE owner_generation SET generation = generation + 1, memories = memories - 1
     WHERE tenant = old.tenant AND user_id = old.user_id;
 END;
 CREATE TRIGGER memories_gen_update AFTER UPDATE OF embedding, embed_model, expires_at, confidence ON memories
@@ -113,5 +114,39 @@ CREATE TABLE api_keys (
     created_at  TEXT NOT NULL,
     revoked_at  TEXT
 );
+"""),
+    ("m003_conversation_context", """
+-- Conversation context: a second full-text index in which each memory also carries the text of the
+-- CONTEXT_TURNS (2) memories stored just before it by the same owner under the same topic. Only the hybrid search
+-- ranks with it (and only returns rows whose own words match); keyword search keeps using memories_fts, so its
+-- order stays confidence, then the row's own match, then newest. stores/sqlite.py fills memories.context at insert
+-- time and rewrites it when one of those neighbours is deleted, so no copy of erased text stays behind.
+ALTER TABLE memories ADD COLUMN context TEXT NOT NULL DEFAULT '';
+CREATE INDEX memories_owner_topic ON memories (tenant, user_id, topic, pk);
+UPDATE memories SET context = coalesce((
+    SELECT group_concat(content, char(10)) FROM (
+        SELECT p.content FROM memories p
+        WHERE p.tenant = memories.tenant AND p.user_id = memories.user_id AND p.topic = memories.topic
+          AND p.pk < memories.pk
+        ORDER BY p.pk DESC LIMIT 2)), '');
+CREATE VIRTUAL TABLE memories_context_fts USING fts5(
+    topic, content, owner_tag, context, content='memories', content_rowid='pk',
+    tokenize='porter unicode61 remove_diacritics 2'
+);
+INSERT INTO memories_context_fts (memories_context_fts) VALUES ('rebuild');
+CREATE TRIGGER memories_context_fts_insert AFTER INSERT ON memories BEGIN
+    INSERT INTO memories_context_fts (rowid, topic, content, owner_tag, context)
+    VALUES (new.pk, new.topic, new.content, new.owner_tag, new.context);
+END;
+CREATE TRIGGER memories_context_fts_delete AFTER DELETE ON memories BEGIN
+    INSERT INTO memories_context_fts (memories_context_fts, rowid, topic, content, owner_tag, context)
+    VALUES ('delete', old.pk, old.topic, old.content, old.owner_tag, old.context);
+END;
+CREATE TRIGGER memories_context_fts_update AFTER UPDATE OF context ON memories BEGIN
+    INSERT INTO memories_context_fts (memories_context_fts, rowid, topic, content, owner_tag, context)
+    VALUES ('delete', old.pk, old.topic, old.content, old.owner_tag, old.context);
+    INSERT INTO memories_context_fts (rowid, topic, content, owner_tag, context)
+    VALUES (new.pk, new.topic, new.content, new.owner_tag, new.context);
+END;
 """),
 ]

@@ -1,0 +1,299 @@
+"""Retrieval quality on LoCoMo, through memshelf's public API (issue 3; protocol in ../shared/data/README.md).
+
+For each of the ten conversations: one Owner, every turn stored in conversation order with one remember_many call
+(topic `session_N`, content "Speaker: text", source "stated"), then every question asked with
+shelf.search(owner, question, mode=..., limit=10). Hits map back to turns by (topic, content) within the owner, and
+are scored against the evidence turns: any@k, frac@k (LoCoMo's "recall accuracy"), all@k, for k = 5 and 10.
+
+The data set is CC BY-NC 4.0, for evaluation only: it is read from outside the repository and never copied in.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py                    # default data path, all modes
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py --json out.json    # also write the numbers
+
+Tuning knobs (--rrf-k, --semantic-weight, --set module.NAME=value, ...) override module constants at run time so
+experiments need no edit of the library; the defaults measure the library exactly as shipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from collections.abc import Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo10.json"
+MODES = ("keyword", "semantic", "hybrid", "auto")
+KS = (5, 10)
+METRICS = ("any@5", "frac@5", "all@5", "any@10", "frac@10")
+DIA_ID = re.compile(r"^D(\d+):(\d+)$")
+
+
+# ---------------------------------------------------------------------------------------------------- data
+@dataclass
+class Question:
+    text: str
+    category: int
+    evidence: frozenset[str]
+
+
+@dataclass
+class Conversation:
+    sample_id: str
+    turns: list[tuple[str, str, str]] = field(default_factory=list)  # (dia_id, topic, content), in order
+    questions: list[Question] = field(default_factory=list)
+
+
+def load(path: Path) -> list[Conversation]:
+    """Conversations in the README's protocol. Malformed evidence entries ("D8:6; D9:17") and entries naming
+    turns that do not exist are skipped; questions left with no evidence are skipped."""
+    samples = json.loads(path.read_text(encoding="utf-8"))
+    out: list[Conversation] = []
+    for sample in samples:
+        conv = sample["conversation"]
+        c = Conversation(str(sample["sample_id"]))
+        sessions = sorted((int(m.group(1)), key) for key in conv
+                          if (m := re.fullmatch(r"session_(\d+)", key)) and isinstance(conv[key], list))
+        for number, key in sessions:
+            for turn in conv[key]:
+                c.turns.append((turn["dia_id"], f"session_{number}", f"{turn['speaker']}: {turn['text']}"))
+        known = {dia for dia, _, _ in c.turns}
+        for qa in sample["qa"]:
+            evidence = frozenset(e for e in qa.get("evidence", []) if isinstance(e, str)
+                                 and DIA_ID.match(e.strip()) and e.strip() in known)
+            if evidence:
+                c.questions.append(Question(qa["question"], int(qa["category"]), evidence))
+        out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- embedding
+class CachingEmbedder:
+    """Wraps the configured embedder: same model name, so vectors are stamped exactly as the library's own.
+
+    Every text is embedded once per run, however many modes ask for it; `prime` embeds a list in batches.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self._cache: dict[str, np.ndarray] = {}
+        self.seconds = 0.0
+
+    @property
+    def dimensions(self) -> int:
+        return self.inner.dimensions
+
+    def prime(self, texts: Sequence[str]) -> None:
+        self.embed_batch(texts)
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            started = time.perf_counter()
+            vectors = np.asarray(self.inner.embed_batch(missing), dtype=np.float32)
+            self.seconds += time.perf_counter() - started
+            self._cache.update(zip(missing, vectors))
+        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimensions), np.float32)
+
+    def embed(self, text: str) -> np.ndarray:
+        return self.embed_batch([text])[0]
+
+
+# ---------------------------------------------------------------------------------------------------- scoring
+def score(retrieved: Sequence[set[str]], evidence: frozenset[str]) -> dict[str, float]:
+    """retrieved: for each hit, best first, the dia_ids it stands for."""
+    out: dict[str, float] = {}
+    for k in KS:
+        found = set().union(*retrieved[:k]) & evidence if retrieved else set()
+        out[f"any@{k}"] = float(bool(found))
+        out[f"frac@{k}"] = len(found) / len(evidence)
+        out[f"all@{k}"] = float(found == evidence)
+    return out
+
+
+def average(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in METRICS}
+
+
+# ---------------------------------------------------------------------------------------------------- overrides
+def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Set module constants for an experiment; returns what was changed (recorded in the JSON)."""
+    changes: list[tuple[str, str, str]] = []
+    shortcuts = {"rrf_k": ("memshelf.retrieval", "RRF_K"), "semantic_weight": ("memshelf.retrieval", "SEMANTIC_WEIGHT"),
+                 "keyword_weight": ("memshelf.retrieval", "KEYWORD_WEIGHT"),
+                 "candidates": ("memshelf.shelf", "CANDIDATES"), "query_terms": ("memshelf.shelf", "MAX_QUERY_TERMS")}
+    for option, (module, name) in shortcuts.items():
+        value = getattr(args, option)
+        if value is not None:
+            changes.append((module, name, value))
+    for item in args.set or []:
+        target, _, value = item.partition("=")
+        module, _, name = target.rpartition(".")
+        if not module or not name or not value:
+            sys.exit(f"--set wants module.NAME=value, e.g. memshelf.retrieval.RRF_K=20; got {item!r}")
+        changes.append((module, name, value))
+    applied: dict[str, Any] = {}
+    for module_name, name, raw in changes:
+        module = importlib.import_module(module_name)
+        if not hasattr(module, name):
+            sys.exit(f"{module_name} has no {name}: nothing to override")
+        old = getattr(module, name)
+        value: Any = raw
+        if isinstance(old, bool):
+            value = str(raw).lower() in ("1", "true", "yes")
+        elif isinstance(old, (int, float)):
+            value = type(old)(float(raw)) if isinstance(old, float) else int(raw)
+        setattr(module, name, value)
+        applied[f"{module_name}.{name}"] = value
+    # fuse() binds its defaults at definition time: re-read the module constants on every call.
+    retrieval = importlib.import_module("memshelf.retrieval")
+    shelf_module = importlib.import_module("memshelf.shelf")
+    if any(k.startswith("memshelf.retrieval.") for k in applied) and shelf_module.fuse is retrieval.fuse:
+        original = retrieval.fuse
+
+        def fuse(by_words, by_meaning, **kw):  # type: ignore[no-untyped-def]
+            kw.setdefault("k", retrieval.RRF_K)
+            kw.setdefault("keyword_weight", retrieval.KEYWORD_WEIGHT)
+            kw.setdefault("semantic_weight", retrieval.SEMANTIC_WEIGHT)
+            return original(by_words, by_meaning, **kw)
+
+        shelf_module.fuse = fuse
+    return applied
+
+
+# ---------------------------------------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from memshelf import Owner, Shelf
+    from memshelf.embedders.base import resolve_embedder
+
+    data = Path(args.data)
+    if not data.is_file():
+        sys.exit(f"LoCoMo data not found at {data}: pass its path (locomo10.json from snap-research/LoCoMo, "
+                 "CC BY-NC 4.0, evaluation only; keep it outside the repository)")
+    conversations = load(data)
+    if args.conversations:
+        conversations = conversations[: args.conversations]
+    overrides = apply_overrides(args)
+    inner = resolve_embedder(args.embedder)
+    if inner is None:
+        sys.exit("no embedder: semantic and hybrid need one; pass --embedder local (the default)")
+    embedder = CachingEmbedder(inner)
+    modes = [m for m in args.modes.split(",") if m]
+    per_mode: dict[str, list[tuple[int, dict[str, float]]]] = {m: [] for m in modes}
+    search_seconds: dict[str, float] = defaultdict(float)
+    started = time.perf_counter()
+    remember_seconds = 0.0
+    with tempfile.TemporaryDirectory(prefix="memshelf-locomo-") as tmp:
+        shelf = Shelf.open(Path(tmp) / "locomo.db", embedder=embedder, floor=args.floor)
+        try:
+            owners = [Owner("locomo", re.sub(r"[^A-Za-z0-9_.-]", "_", c.sample_id)) for c in conversations]
+            # Every conversation is stored before any question is asked, so the index statistics (bm25's idf is
+            # global to the file) do not depend on the order the conversations are evaluated in.
+            for conv, owner in zip(conversations, owners):
+                t0 = time.perf_counter()
+                shelf.remember_many(owner, [{"topic": topic, "content": content, "source": "stated"}
+                                            for _, topic, content in conv.turns])
+                remember_seconds += time.perf_counter() - t0
+            for conv, owner in zip(conversations, owners):
+                by_text: dict[tuple[str, str], set[str]] = defaultdict(set)
+                for dia, topic, content in conv.turns:
+                    by_text[(topic, content)].add(dia)
+                embedder.prime([q.text for q in conv.questions])
+                for question in conv.questions:
+                    for mode in modes:
+                        t0 = time.perf_counter()
+                        hits = shelf.search(owner, question.text, mode=mode, limit=max(KS))
+                        search_seconds[mode] += time.perf_counter() - t0
+                        retrieved = [by_text.get((h.memory.topic, h.memory.content), set()) for h in hits]
+                        per_mode[mode].append((question.category, score(retrieved, question.evidence)))
+        finally:
+            shelf.close()
+    results: dict[str, Any] = {}
+    for mode, rows in per_mode.items():
+        results[mode] = {
+            "all": average([r for _, r in rows]),
+            "cat1-4": average([r for c, r in rows if c in (1, 2, 3, 4)]),
+            "search_ms_mean": 1000 * search_seconds[mode] / max(1, len(rows)),
+        }
+    n_all = sum(len(c.questions) for c in conversations)
+    n_14 = sum(1 for c in conversations for q in c.questions if q.category in (1, 2, 3, 4))
+    return {
+        "data": str(data), "conversations": len(conversations), "turns": sum(len(c.turns) for c in conversations),
+        "questions": {"all": n_all, "cat1-4": n_14}, "embedder": embedder.model, "floor": args.floor,
+        "overrides": {k: v for k, v in overrides.items()}, "results": results,
+        "seconds": {"total": time.perf_counter() - started, "embedding": embedder.seconds,
+                    "remember_many": remember_seconds},
+    }
+
+
+def show(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    q = report["questions"]
+    table = Table(title=f"LoCoMo retrieval, {report['conversations']} conversations, {report['turns']} turns, "
+                        f"{q['all']} questions ({q['cat1-4']} in categories 1-4); embedder {report['embedder']}")
+    table.add_column("mode")
+    table.add_column("questions")
+    for metric in METRICS:
+        table.add_column(metric, justify="right")
+    table.add_column("ms/search", justify="right")
+    for mode, r in report["results"].items():
+        for subset in ("all", "cat1-4"):
+            table.add_row(mode if subset == "all" else "", subset, *(f"{r[subset][m]:.3f}" for m in METRICS),
+                          f"{r['search_ms_mean']:.1f}" if subset == "all" else "")
+    console = Console()
+    console.print(table)
+    if report["overrides"]:
+        console.print(f"overrides: {report['overrides']}")
+    s = report["seconds"]
+    console.print(f"{s['total']:.0f} s in all, {s['embedding']:.0f} s embedding, floor {report['floor']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help=f"locomo10.json (default {DEFAULT_DATA})")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated search modes (default all)")
+    parser.add_argument("--embedder", default="local", help="embedder spec, as Shelf.open takes it (default local)")
+    parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
+    parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
+    parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf.retrieval.RRF_K")
+    parser.add_argument("--semantic-weight", dest="semantic_weight", default=None,
+                        help="override memshelf.retrieval.SEMANTIC_WEIGHT")
+    parser.add_argument("--keyword-weight", dest="keyword_weight", default=None,
+                        help="override memshelf.retrieval.KEYWORD_WEIGHT")
+    parser.add_argument("--candidates", default=None, help="override memshelf.shelf.CANDIDATES")
+    parser.add_argument("--query-terms", dest="query_terms", default=None,
+                        help="override memshelf.shelf.MAX_QUERY_TERMS")
+    parser.add_argument("--set", action="append", metavar="module.NAME=value",
+                        help="override any module constant, e.g. --set memshelf.retrieval.RRF_K=20 (repeatable)")
+    args = parser.parse_args(argv)
+    if args.floor is None:
+        from memshelf import shelf as shelf_module
+        args.floor = float(os.environ.get("MEMSHELF_FLOOR", shelf_module.DEFAULT_FLOOR))
+    report = run(args)
+    show(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
