@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import urllib.parse
 from typing import Any
-from collections.abc import Sequence
 
 import httpx
 import numpy as np
 
-from ..errors import EmbedderError, EmbedderUnavailable
-from .base import Embedder, as_matrix, register_embedder
+from ..errors import EmbedderError
+from ._http import HttpEmbedder
+from .base import register_embedder
 
 DEFAULT_MODEL = "nomic-embed-text"
 DEFAULT_PORT = 11434
@@ -80,8 +80,13 @@ def _normalized(matrix: np.ndarray) -> np.ndarray:
     return (matrix / np.where(norms == 0.0, 1.0, norms)).astype(np.float32)
 
 
-class OllamaEmbedder(Embedder):
+class OllamaEmbedder(HttpEmbedder):
     """Any embedding model an Ollama server has pulled, e.g. nomic-embed-text (768-d) or mxbai-embed-large."""
+
+    unreachable_hint = "start it with `ollama serve`, or set OLLAMA_HOST to where it runs"
+    url_hint = "fix OLLAMA_HOST"
+    busy_hint = "check that `ollama serve` is healthy, or set OLLAMA_HOST to a server that is"
+    not_json_hint = "upgrade Ollama, and check that OLLAMA_HOST points at it"
 
     def __init__(
         self,
@@ -95,89 +100,35 @@ class OllamaEmbedder(Embedder):
         self.model_name = model
         self.model = f"ollama:{model}"
         self.host = resolve_ollama_host(host)
+        self.where = f"Ollama at {self.host}"
         self.batch_size = batch_size
         self._dimensions: int | None = None
         self._legacy = False  # set once the server shows it predates /api/embed
         self._client = httpx.Client(base_url=self.host, timeout=timeout)
 
-    def close(self) -> None:
-        """Release the pooled connections; call it when a long-lived program is done with this embedder."""
-        self._client.close()
-
-    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-        if len(texts) == 0:
-            return np.zeros((0, self._dimensions or 0), dtype=np.float32)
-        rows: list[Any] = []
-        for start in range(0, len(texts), self.batch_size):
-            rows.extend(self._embed_chunk(list(texts[start : start + self.batch_size])))
-        matrix = _normalized(as_matrix(rows, self.model, expected=self._dimensions))
-        self._dimensions = matrix.shape[1]
-        return matrix
+    def _finish(self, matrix: np.ndarray) -> np.ndarray:
+        return _normalized(matrix)
 
     def _embed_chunk(self, chunk: list[str]) -> list[Any]:
         if not self._legacy:
             response = self._post("/api/embed", {"model": self.model_name, "input": chunk})
             if response.status_code != 404 or _says_model_missing(response):
-                return self._checked_count(self._reply(response).get("embeddings"), len(chunk))
+                return self._count_checked(self._reply(response).get("embeddings"), len(chunk))
             self._legacy = True
         return [self._embed_one_legacy(text) for text in chunk]
-
-    def _checked_count(self, rows: object, expected: int) -> list[Any]:
-        if not isinstance(rows, list) or len(rows) != expected:
-            count = len(rows) if isinstance(rows, list) else "no"
-            raise EmbedderError(
-                f"Ollama at {self.host} returned {count} vectors for {expected} texts: "
-                "upgrade Ollama, and check that OLLAMA_HOST points at it"
-            )
-        return rows
 
     def _embed_one_legacy(self, text: str) -> Any:
         response = self._post("/api/embeddings", {"model": self.model_name, "prompt": text})
         return self._reply(response).get("embedding")
 
-    def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
-        try:
-            return self._client.post(path, json=payload)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            raise EmbedderError(f"Ollama host {self.host!r} is not a usable URL ({exc}): fix OLLAMA_HOST") from exc
-        except httpx.TimeoutException as exc:
-            raise EmbedderUnavailable(
-                f"Ollama at {self.host} did not answer in time: check that it is running (`ollama serve`) "
-                "and not overloaded, or raise the timeout"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise EmbedderUnavailable(
-                f"cannot reach Ollama at {self.host} ({exc}): start it with `ollama serve`, "
-                "or set OLLAMA_HOST to where it runs"
-            ) from exc
-
     def _reply(self, response: httpx.Response) -> dict[str, Any]:
         """The JSON body of a successful reply; otherwise the error translated into one of ours."""
-        status = response.status_code
-        if status == 404 and _says_model_missing(response):
+        if response.status_code == 404 and _says_model_missing(response):
             raise EmbedderError(
                 f"Ollama at {self.host} does not have the model {self.model_name!r}: "
                 f"run `ollama pull {self.model_name}`, or pick a model it has"
             )
-        if status == 429 or status >= 500:
-            raise EmbedderUnavailable(
-                f"Ollama at {self.host} answered HTTP {status} ({_error_text(response)}): check that `ollama serve` "
-                "is healthy, or set OLLAMA_HOST to a server that is"
-            )
-        if status >= 400:
-            raise EmbedderError(
-                f"Ollama at {self.host} refused to embed with {self.model_name!r} (HTTP {status}: "
-                f"{_error_text(response)}): check that it is an embedding model, e.g. {DEFAULT_MODEL}"
-            )
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise EmbedderError(
-                f"{self.host} answered with something that is not JSON: check that OLLAMA_HOST points at Ollama"
-            ) from exc
-        if not isinstance(body, dict):
-            raise EmbedderError(f"{self.host} answered with unexpected JSON: check that OLLAMA_HOST points at Ollama")
-        return body
+        return self._json(response, _error_text(response))
 
 
 def _factory(model: str | None) -> OllamaEmbedder:
