@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,12 @@ $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/memshelf demo
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed lint
 	$(PY) -m pytest -q
+
+lint: $(VENV)/.test-installed
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy src/memshelf
 
 bench: $(VENV)/.test-installed
 	$(PY) bench/bench_keyword.py
