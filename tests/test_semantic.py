@@ -230,3 +230,23 @@ def test_cached_vectors_follow_appends_deletes_and_expiry_changes(open_shelf, cl
     clock.advance(1000)
     assert "gamma note" not in contents(shelf.search(KALEB, "gamma note", mode="semantic", limit=3))
     assert len(shelf.search(KALEB, "beta line", mode="semantic", limit=1000, floor=-1.0)) == 150
+
+
+@pytest.mark.slow
+def test_spec_002_build_prompt_by_meaning(open_shelf, local_embedder):
+    shelf = open_shelf(embedder=local_embedder)
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="mined")
+    shelf.remember(KALEB, "home", "The morning routine starts the coffee maker at 07:00.")
+    assert shelf.build_prompt("You are GLaDOS. Be sardonic and brief.", KALEB, PAPER_QUESTION, mode="semantic") == (
+        "You are GLaDOS. Be sardonic and brief.\n"
+        "\n"
+        "Memory context:\n"
+        "Known facts about the user:\n"
+        "  - user_name: Kaleb\n"
+        "\n"
+        "Relevant knowledge (confidence in brackets, 1.0 means the user said so):\n"
+        "  - [0.6] The printer jams on thick paper.\n"
+        "  - [1.0] The office printer is on 192.168.1.40."
+    )
