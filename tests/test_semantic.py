@@ -250,3 +250,13 @@ def test_spec_002_build_prompt_by_meaning(open_shelf, local_embedder):
         "  - [0.6] The printer jams on thick paper.\n"
         "  - [1.0] The office printer is on 192.168.1.40."
     )
+
+
+def test_a_split_scan_scores_exactly_like_a_single_one():
+    from memshelf.vectors import PARALLEL_ROWS, _cosines, normalize
+
+    rng = np.random.default_rng(3)
+    matrix = normalize(rng.standard_normal((PARALLEL_ROWS + 1001, 32)).astype(np.float32))
+    query = normalize(rng.standard_normal(32).astype(np.float32))
+    assert np.allclose(_cosines(matrix, query), matrix @ query, atol=1e-6)
+    assert np.allclose(_cosines(matrix[:100], query), matrix[:100] @ query, atol=1e-6)
