@@ -429,8 +429,9 @@ def _demo_story(shelf: Shelf) -> None:
         out.print(f"\n[bold cyan]$ {text}[/]")
 
     kaleb = DEMO_OWNER
-    out.print(f"[bold]memshelf demo[/] on a fresh database; owner {kaleb}; embedder: "
-              f"{shelf.embedder.model if shelf.embedder else 'none (keyword search only)'}")
+    out.print(f"[bold]memshelf demo[/] on a fresh database, owner {kaleb}")
+    out.print(f"embedder: {shelf.embedder.model if shelf.embedder else 'none (keyword search only)'}",
+              highlight=False)
     heading("remember three statements about the printer")
     for content, source in (("The office printer is on 192.168.1.40.", "stated"),
                             ("The printer might be on the guest network.", "inferred"),
