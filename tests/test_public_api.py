@@ -33,3 +33,15 @@ def test_import_has_no_side_effects(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_readme_python_example_runs(tmp_path, monkeypatch, capsys):
+    """The README's Python block, run as written (keyword search only, so no model is needed here)."""
+    text = README.read_text(encoding="utf-8")
+    code = text.split("## Python\n\n```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMSHELF_EMBEDDER", "none")
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "1.0  [network] The office printer is on 192.168.1.40." in printed
+    assert "Memory context:\nKnown facts about the user:\n  - user_name: Kaleb" in printed
