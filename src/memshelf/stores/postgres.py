@@ -521,14 +521,17 @@ class PostgresStore(Store):
 
     def _exact(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
                floor: float, now: datetime) -> list[Scored]:
-        # Ordering by the score (not by the distance operator) keeps the planner off the HNSW index.
+        # Ordering by the score (not by the distance operator) keeps the planner off the HNSW index. The scan
+        # sorts only (pk, score, confidence); the text of the few winners is read afterwards.
         query = sql.SQL(
-            "SELECT * FROM (SELECT {columns}, m.pk, 1 - ({cast} <=> %s::vector({dims})) AS score FROM memories m"
-            " WHERE {owner} AND {live} AND {vector}) c WHERE c.score >= %s"
-            " ORDER BY c.score DESC, c.confidence DESC, c.pk DESC LIMIT %s").format(
+            "WITH top AS MATERIALIZED (SELECT m.pk, m.confidence, 1 - ({cast} <=> %s::vector({dims})) AS score"
+            " FROM memories m WHERE {owner} AND {live} AND {vector}"
+            " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
+            " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
+            " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
             columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
             owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=_vector_predicate(model, dimensions))
-        rows = cur.execute(query, (blob, owner.tenant, owner.user, now, floor, limit)).fetchall()
+        rows = cur.execute(query, (blob, owner.tenant, owner.user, now, limit, owner.tenant, floor)).fetchall()
         return [Scored(_memory(r), float(r[11])) for r in rows]
 
     def _approximate(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int,
