@@ -82,9 +82,11 @@ def build_questions(gen: TextGenerator, count: int, seed: int = 3) -> list[tuple
 
 
 def match_count(conn: sqlite3.Connection, terms: list[str]) -> int:
-    """Rows whose topic or content has a word starting with any of the terms (what memshelf's FTS5 query matches)."""
+    """Rows whose topic or content has a word starting with any of the terms (what memshelf's FTS5 query matches),
+    counted on the one tenant's full-text table."""
     any_term = " OR ".join('"' + t.replace('"', '""') + '"*' for t in terms)
-    return conn.execute("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
+    table = conn.execute("SELECT words FROM fts_tenants").fetchone()[0]
+    return conn.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?",
                         (f"{{topic content}} : ({any_term})",)).fetchone()[0]
 
 

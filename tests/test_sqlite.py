@@ -160,3 +160,50 @@ def test_hybrid_candidates_are_ranked_with_the_conversation_around_them(tmp_path
     plain = shelf.search(KALEB, "adoption meeting", mode="keyword")
     assert answer.content in [h.memory.content for h in plain]  # its own words match "meeting"
     shelf.close()
+
+
+def test_keyword_scores_do_not_depend_on_other_tenants(tmp_path):
+    """bm25 statistics are per tenant: another tenant's words move neither the scores nor the order of a tenant's
+    hits (no side channel across tenants through ranking)."""
+    shelf = Shelf.open(tmp_path / "memory.db", embedder=None)
+    acme = Owner("acme", "ann")
+    shelf.remember(acme, "t", "The falcon report is due.")
+    shelf.remember(acme, "t", "The budget report is late and the budget is tight.")
+    before = [(h.memory.content, h.score) for h in shelf.search(acme, "falcon budget report")]
+    rival = Owner("rival", "bob")
+    shelf.remember_many(rival, [{"topic": "t", "content": f"falcon falcon note {i}"} for i in range(300)])
+    after = [(h.memory.content, h.score) for h in shelf.search(acme, "falcon budget report")]
+    assert after == before
+    assert len(shelf.search(rival, "falcon", limit=1000)) == 300
+
+
+def test_erasing_a_tenant_drops_its_full_text_tables(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    shelf.remember(Owner("gone", "u"), "t", "Erase me entirely.")
+    shelf.remember(Owner("kept", "u"), "t", "Keep me.")
+    shelf.forget_tenant("gone")
+    names = {r[0] for r in sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    words_tables = {name for name in names if name.startswith("fts_") and "_" not in name[4:]} - {"fts_tenants"}
+    assert len(words_tables) == 1  # only the kept tenant's
+    assert shelf.search(Owner("kept", "u"), "keep")[0].memory.content == "Keep me."
+    assert list(shelf.search(Owner("gone", "u"), "erase")) == []
+    shelf.close()
+
+
+def test_a_tenants_tables_index_the_rows_it_already_has(tmp_path):
+    """What upgrading a database from before per-tenant indexes relies on (m004 creates them for every tenant)."""
+    from memshelf.stores.sqlite import owner_tag
+
+    store = SQLiteStore(str(tmp_path / "memory.db"))
+    with store.atomic():  # a row written the way an older memshelf left it: no per-tenant index yet
+        store._q("INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source, confidence,"
+                 " created_at, last_seen) VALUES ('m_1', 'home', 'kaleb', 'network', 'The printer is old.', 'd1', ?,"
+                 " 'stated', 1.0, '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')", (owner_tag(KALEB),))
+        assert store._fts.names("home") is None
+        store._fts.names("home", create=True)
+    shelf = Shelf(store)
+    assert [h.memory.content for h in shelf.search(KALEB, "printer")] == ["The printer is old."]
+    shelf.close()

@@ -18,6 +18,7 @@ from ..errors import DimensionMismatch, InvalidInput, StoreError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import VectorMatrix, top_k
 from .base import ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
+from .sqlite_fts import TenantIndexes
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
@@ -107,6 +108,7 @@ class SQLiteStore(Store):
         self._refresh_lock = threading.Lock()
         self._vectors: dict[tuple[str, str, str], _OwnerVectors] = {}
         self._keepalive = self._connection()  # holds a shared in-memory database open
+        self._fts = TenantIndexes(self._q)
         self._migrate()
 
     # connections and transactions
@@ -179,6 +181,9 @@ class SQLiteStore(Store):
                     continue
                 for statement in _split_sql(script):
                     conn.execute(statement)
+                if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
+                    for (tenant,) in conn.execute("SELECT DISTINCT tenant FROM memories").fetchall():
+                        self._fts.names(tenant, create=True)
                 conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
                              (name, ts(datetime.now(UTC))))
 
@@ -199,13 +204,15 @@ class SQLiteStore(Store):
                     "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
                     (owner.tenant, owner.user, key)).fetchone()
                 if row is None:
-                    self._q(
+                    context = self._context(owner, item.topic, None)
+                    cur = self._q(
                         "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
                         " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
                         (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
                          item.confidence, ts(item.created_at), ts(now), ts(item.expires_at), item.vector,
-                         item.embed_model, self._context(owner, item.topic, None)))
+                         item.embed_model, context))
+                    self._fts.add(owner.tenant, cur.lastrowid or 0, item.topic, item.content, tag, context)
                 else:
                     self._observe_again(row, item, now)
                 got = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m "
@@ -223,22 +230,36 @@ class SQLiteStore(Store):
                         CONTEXT_TURNS)).fetchall()
         return "\n".join(r[0] for r in reversed(rows))
 
-    def _doomed(self, where: str, params: tuple) -> list[tuple[Owner, str, int]]:
-        return [(Owner(r[0], r[1]), r[2], r[3]) for r in self._q(
-            f"SELECT tenant, user_id, topic, pk FROM memories WHERE {where}", params).fetchall()]
+    def _doomed(self, where: str, params: tuple) -> list[tuple]:
+        """The rows a delete is about to remove, with what their full-text entries need: (tenant, pk, topic,
+        content, owner_tag, context, user_id)."""
+        return self._q(f"SELECT tenant, pk, topic, content, owner_tag, context, user_id FROM memories WHERE {where}",
+                       params).fetchall()
 
-    def _recontext(self, gone: Sequence[tuple[Owner, str, int]]) -> None:
-        """After rows are deleted, rewrite the context of the memories that followed them, so no copy of a
-        deleted memory's text stays in the index."""
+    def _forget_rows(self, where: str, params: tuple, recontext: bool) -> tuple[int, set[str]]:
+        """Delete rows and their full-text entries; optionally rewrite the context of the memories that followed
+        them, so no copy of a deleted memory's text stays in an index. Returns (rows deleted, tenants touched)."""
+        doomed = self._doomed(where, params)
+        touched = self._fts.remove(row[:6] for row in doomed)
+        deleted = self._q(f"DELETE FROM memories WHERE {where}", params).rowcount
+        if recontext:
+            self._recontext(doomed)
+        return deleted, touched
+
+    def _recontext(self, gone: Sequence[tuple]) -> None:
         done: set[int] = set()
-        for owner, topic, pk in gone:
-            followers = self._q("SELECT pk FROM memories WHERE tenant = ? AND user_id = ? AND topic = ? AND pk > ?"
-                                " ORDER BY pk LIMIT ?", (owner.tenant, owner.user, topic, pk, CONTEXT_TURNS)).fetchall()
-            for (follower,) in followers:
-                if follower not in done:
-                    done.add(follower)
-                    self._q("UPDATE memories SET context = ? WHERE pk = ?",
-                            (self._context(owner, topic, follower), follower))
+        for tenant, pk, topic, _content, _tag, _context, user in gone:
+            owner = Owner(tenant, user)
+            followers = self._q("SELECT pk, content, owner_tag, context FROM memories WHERE tenant = ? AND user_id = ?"
+                                " AND topic = ? AND pk > ? ORDER BY pk LIMIT ?",
+                                (tenant, user, topic, pk, CONTEXT_TURNS)).fetchall()
+            for follower, content, tag, old in followers:
+                if follower in done:
+                    continue
+                done.add(follower)
+                new = self._context(owner, topic, follower)
+                self._q("UPDATE memories SET context = ? WHERE pk = ?", (new, follower))
+                self._fts.replace_context(tenant, follower, topic, content, tag, old, new)
 
     def _observe_again(self, row: Sequence, item: NewMemory, now: datetime) -> None:
         seen = observe_again(_memory(row[1:]), item, now)
@@ -252,15 +273,17 @@ class SQLiteStore(Store):
         added = 0
         with self.atomic():
             for memory, vector in zip(items, vectors):
+                context, tag = self._context(owner, memory.topic, None), owner_tag(owner)
                 cur = self._q(
                     "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
                     " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
-                     digest(memory.topic, memory.content), owner_tag(owner), memory.source, memory.confidence,
+                     digest(memory.topic, memory.content), tag, memory.source, memory.confidence,
                      ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
-                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None,
-                     self._context(owner, memory.topic, None)))
+                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None, context))
+                if cur.rowcount:
+                    self._fts.add(owner.tenant, cur.lastrowid or 0, memory.topic, memory.content, tag, context)
                 added += cur.rowcount
         return added
 
@@ -272,13 +295,11 @@ class SQLiteStore(Store):
 
     def delete_memory(self, owner: Owner, memory_id: str) -> bool:
         with self.atomic():
-            gone = self._doomed("tenant = ? AND user_id = ? AND id = ?", (owner.tenant, owner.user, memory_id))
-            cur = self._q("DELETE FROM memories WHERE tenant = ? AND user_id = ? AND id = ?",
-                          (owner.tenant, owner.user, memory_id))
-            self._recontext(gone)
-        if cur.rowcount:
-            self._scrub()
-        return cur.rowcount > 0
+            deleted, touched = self._forget_rows("tenant = ? AND user_id = ? AND id = ?",
+                                                 (owner.tenant, owner.user, memory_id), recontext=True)
+        if deleted:
+            self._scrub(touched)
+        return deleted > 0
 
     def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
         rows = self._q(f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
@@ -296,13 +317,16 @@ class SQLiteStore(Store):
 
     def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
                        by_confidence: bool) -> list[Scored]:
-        """Keyword search ranks a row by its own words (memories_fts); the hybrid's candidates (not by_confidence)
-        are ranked with their conversation context too (memories_context_fts), which finds the turn that answers a
+        """Keyword search ranks a row by its own words (the tenant's fts_ table); the hybrid's candidates (not
+        by_confidence) are ranked with their conversation context too (ctx_ table), which finds the turn that answers a
         question asked in the words of the turns around it."""
         if not terms:
             return []
-        table, weights = ("memories_fts", "1.0, 1.0, 0.0") if by_confidence else \
-            ("memories_context_fts", f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
+        names = self._fts.names(owner.tenant)
+        if names is None:
+            return []  # the tenant has never stored a memory
+        table, weights = (names[0], "1.0, 1.0, 0.0") if by_confidence else \
+            (names[1], f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
         narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
@@ -318,9 +342,10 @@ class SQLiteStore(Store):
         return [Scored(_memory(r), -float(r[10])) for r in rows]
 
     def _owner_share(self, owner: Owner) -> float:
-        """Roughly what fraction of the file's memories belong to the owner (two index lookups)."""
+        """What fraction of the tenant's memories (its full-text tables) belong to the owner."""
         row = self._q("SELECT (SELECT memories FROM owner_generation WHERE tenant = ? AND user_id = ?),"
-                      " (SELECT max(pk) FROM memories)", (owner.tenant, owner.user)).fetchone()
+                      " (SELECT sum(memories) FROM owner_generation WHERE tenant = ?)",
+                      (owner.tenant, owner.user, owner.tenant)).fetchone()
         mine, top = row[0] or 0, row[1] or 0
         return mine / top if top else 1.0
 
@@ -465,45 +490,51 @@ class SQLiteStore(Store):
         return added
 
     # erasure
-    def _erase(self, where: str, params: tuple) -> Erased:
+    def _erase(self, where: str, params: tuple, drop_tenant: str | None = None) -> Erased:
+        touched: set[str] = set()
         with self.atomic():
+            if drop_tenant is not None:  # the whole tenant goes: its full-text tables go with it
+                self._fts.drop(drop_tenant)
+                memories = self._q(f"DELETE FROM memories WHERE {where}", params).rowcount
+            else:  # no recontext: every memory of the owner goes, and contexts never cross owners
+                memories, touched = self._forget_rows(where, params, recontext=False)
             counts = Erased(
-                memories=self._q(f"DELETE FROM memories WHERE {where}", params).rowcount,
+                memories=memories,
                 facts=self._q(f"DELETE FROM facts WHERE {where}", params).rowcount,
                 fact_changes=self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount,
                 messages=self._q(f"DELETE FROM messages WHERE {where}", params).rowcount,
             )
             self._q(f"DELETE FROM owner_generation WHERE {where}", params)
         self._vectors.clear()
-        self._scrub()
+        self._scrub(touched)
         return counts
 
     def erase_user(self, owner: Owner) -> Erased:
         return self._erase("tenant = ? AND user_id = ?", (owner.tenant, owner.user))
 
     def erase_tenant(self, tenant: str) -> Erased:
-        return self._erase("tenant = ?", (tenant,))
+        return self._erase("tenant = ?", (tenant,), drop_tenant=tenant)
 
     def purge_expired(self, now: datetime) -> Erased:
         stamp = ts(now)
         with self.atomic():
-            gone = self._doomed("expires_at IS NOT NULL AND expires_at <= ?", (stamp,))
+            memories, touched = self._forget_rows("expires_at IS NOT NULL AND expires_at <= ?", (stamp,),
+                                                  recontext=True)
             counts = Erased(
-                memories=self._q("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                                 (stamp,)).rowcount,
+                memories=memories,
                 messages=self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
                                  (stamp,)).rowcount,
             )
-            self._recontext(gone)
         if counts.memories or counts.messages:
-            self._scrub()
+            self._scrub(touched)
         return counts
 
-    def _scrub(self) -> None:
-        """Leave no copy of erased text behind: merge the full-text index (dropping deleted entries from its
-        segments) and checkpoint the WAL so old page images are overwritten. secure_delete zeroes freed pages."""
-        self._q("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
-        self._q("INSERT INTO memories_context_fts (memories_context_fts) VALUES ('optimize')")
+    def _scrub(self, tenants: set[str]) -> None:
+        """Leave no copy of erased text behind: merge the touched tenants' full-text indexes (dropping deleted
+        entries from their segments) and checkpoint the WAL so old page images are overwritten. secure_delete
+        zeroes freed pages."""
+        with self.atomic():
+            self._fts.optimize(tenants)
         if not self._memory_db:
             self._q("PRAGMA wal_checkpoint(TRUNCATE)")
 

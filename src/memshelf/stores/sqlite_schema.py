@@ -149,4 +149,21 @@ CREATE TRIGGER memories_context_fts_update AFTER UPDATE OF context ON memories B
     VALUES (new.pk, new.topic, new.content, new.owner_tag, new.context);
 END;
 """),
+    ("m004_fts_per_tenant", """
+-- Full-text indexes move to one pair of tables per tenant (stores/sqlite_fts.py): bm25's statistics then come from
+-- that tenant's memories alone, so no tenant's scores or order depend on another tenant's words. Tables are
+-- created on a tenant's first write; a tenant's existing rows are indexed then.
+DROP TRIGGER memories_fts_insert;
+DROP TRIGGER memories_fts_delete;
+DROP TABLE memories_fts;
+DROP TRIGGER memories_context_fts_insert;
+DROP TRIGGER memories_context_fts_delete;
+DROP TRIGGER memories_context_fts_update;
+DROP TABLE memories_context_fts;
+CREATE TABLE fts_tenants (
+    tenant  TEXT PRIMARY KEY,
+    words   TEXT NOT NULL,
+    context TEXT NOT NULL
+);
+"""),
 ]
