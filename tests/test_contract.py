@@ -442,3 +442,9 @@ def test_paging_walks_every_memory_once(shelf, clock):
     assert seen == [f"line {i}" for i in reversed(range(7))]
     with pytest.raises(InvalidInput, match="cursor"):
         shelf.list_memories(KALEB, cursor="bogus")
+
+
+@pytest.mark.parametrize("floor", [1.5, -2, float("nan"), "0.3", True])
+def test_a_bad_floor_is_refused(shelf, floor):
+    with pytest.raises(InvalidInput, match="floor"):
+        shelf.search(KALEB, "printer", floor=floor)

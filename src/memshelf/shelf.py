@@ -48,6 +48,12 @@ def _check_owner(owner: object) -> Owner:
     return owner
 
 
+def _check_floor(floor: object) -> float:
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not -1.0 <= floor <= 1.0:
+        raise InvalidInput(f"floor must be a cosine from -1 to 1 (e.g. 0.2), got {floor!r}")
+    return float(floor)
+
+
 def _check_limit(limit: object, name: str = "limit") -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}")
@@ -229,7 +235,7 @@ class Shelf:
             raise InvalidInput(f"question must be a string, got {type(question).__name__}")
         check_text("question", question)
         limit = _check_limit(limit)
-        floor = self.floor if floor is None else float(floor)
+        floor = self.floor if floor is None else _check_floor(floor)
         if mode not in MODES:
             raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(MODES)}")
         if mode == "auto":
