@@ -7,6 +7,7 @@ import os
 import platform
 import sqlite3
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,17 @@ def time_calls(fn: Callable[[Any], Any], args: Sequence[Any], repeats: int = 1) 
             fn(arg)
             out.append(clock() - t0)
     return out
+
+
+def database_dir(db_dir: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
+    """The folder for the benchmark's SQLite files: --db-dir (created if needed), else a temporary folder that the
+    caller cleans up through the returned TemporaryDirectory."""
+    if db_dir:
+        path = Path(db_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path, None
+    tmp = tempfile.TemporaryDirectory(prefix="memshelf-bench-")
+    return Path(tmp.name), tmp
 
 
 def machine() -> dict[str, Any]:

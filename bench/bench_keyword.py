@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (TextGenerator, fmt_ms, machine, make_vocabulary, print_table, save_json,  # noqa: E402
+from _common import (TextGenerator, database_dir, fmt_ms, machine, make_vocabulary, print_table, save_json,  # noqa: E402
                      summarize_ms)
 
 from memshelf import Owner, Shelf, keywords  # noqa: E402
@@ -193,13 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
-    tmp = None
-    if args.db_dir:
-        db_dir = Path(args.db_dir)
-        db_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="memshelf-bench-")
-        db_dir = Path(tmp.name)
+    db_dir, tmp = database_dir(args.db_dir)
 
     info = machine()
     print(f"machine: {info['cpus']} cpus, {info['cpu']}, load {info['loadavg_at_start']}, "

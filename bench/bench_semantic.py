@@ -26,7 +26,6 @@ import json
 import os
 import sqlite3
 import sys
-import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -38,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TextGenerator, fmt_ms, machine, print_table, save_json, summarize_ms  # noqa: E402
+from _common import TextGenerator, database_dir, fmt_ms, machine, print_table, save_json, summarize_ms  # noqa: E402
 
 from memshelf import Owner, Shelf  # noqa: E402
 from memshelf.embedders.base import Embedder  # noqa: E402
@@ -258,13 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    tmp = None
-    if args.db_dir:
-        db_dir = Path(args.db_dir)
-        db_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="memshelf-bench-")
-        db_dir = Path(tmp.name)
+    db_dir, tmp = database_dir(args.db_dir)
 
     info = machine()
     print(f"machine: {info['cpus']} cpus, {info['cpu']}, load {info['loadavg_at_start']}, numpy {info['numpy']}")
