@@ -20,7 +20,7 @@ import logging
 import os
 from datetime import datetime
 from importlib import resources
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Self, TypeVar
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
@@ -37,8 +37,7 @@ from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Sen
 
 from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput, MemshelfError,
                      NotFound, StoreError, UnknownSource)
-from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange,
-                    Hit, Memory, Message, Owner)
+from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Message, Owner)
 from .shelf import MAX_LIMIT, Shelf
 from .stores.base import ApiKey, Erased
 
@@ -297,7 +296,17 @@ class BatchIn(Strict):
     memories: list[MemoryIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-class MemoryOut(BaseModel):
+class Out(BaseModel):
+    """A response model filled from a memshelf record's attributes of the same names: `Out.of(record)`."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, record: object) -> Self:
+        return cls.model_validate(record)
+
+
+class MemoryOut(Out):
     id: str
     topic: str
     content: str
@@ -309,11 +318,6 @@ class MemoryOut(BaseModel):
     observations: int
     embed_model: str | None
 
-    @classmethod
-    def of(cls, memory: Memory) -> MemoryOut:
-        return cls(id=memory.id, topic=memory.topic, content=memory.content, source=memory.source,
-                   confidence=memory.confidence, created_at=memory.created_at, expires_at=memory.expires_at,
-                   last_seen=memory.last_seen, observations=memory.observations, embed_model=memory.embed_model)
 
 
 class Page(BaseModel, Generic[T]):
@@ -328,16 +332,12 @@ class SearchIn(Strict):
     floor: float | None = Field(None, ge=-1.0, le=1.0, description="lowest cosine for meaning search")
 
 
-class HitOut(BaseModel):
+class HitOut(Out):
     memory: MemoryOut
     score: float
     retriever: str
     details: dict[str, float]
 
-    @classmethod
-    def of(cls, hit: Hit) -> HitOut:
-        return cls(memory=MemoryOut.of(hit.memory), score=hit.score, retriever=hit.retriever,
-                   details=dict(hit.details))
 
 
 class SearchOut(BaseModel):
@@ -373,26 +373,20 @@ class FactIn(Strict):
     source: SourceName = "stated"
 
 
-class FactOut(BaseModel):
+class FactOut(Out):
     key: str
     value: str
     source: str
     updated_at: datetime
 
-    @classmethod
-    def of(cls, fact: Fact) -> FactOut:
-        return cls(key=fact.key, value=fact.value, source=fact.source, updated_at=fact.updated_at)
 
 
-class FactChangeOut(BaseModel):
+class FactChangeOut(Out):
     key: str
     value: str
     source: str
     set_at: datetime
 
-    @classmethod
-    def of(cls, change: FactChange) -> FactChangeOut:
-        return cls(key=change.key, value=change.value, source=change.source, set_at=change.set_at)
 
 
 class MessageIn(Strict):
@@ -402,7 +396,7 @@ class MessageIn(Strict):
     ttl: Seconds | None = Field(None, description="seconds to keep it; default: the server's message retention")
 
 
-class MessageOut(BaseModel):
+class MessageOut(Out):
     id: str
     thread: str
     role: str
@@ -410,10 +404,6 @@ class MessageOut(BaseModel):
     created_at: datetime
     expires_at: datetime | None
 
-    @classmethod
-    def of(cls, message: Message) -> MessageOut:
-        return cls(id=message.id, thread=message.thread, role=message.role, content=message.content,
-                   created_at=message.created_at, expires_at=message.expires_at)
 
 
 class ErasedOut(BaseModel):
@@ -439,16 +429,13 @@ class KeyIn(Strict):
     name: Annotated[str, Field(max_length=MAX_TOPIC_CHARS)] = ""
 
 
-class KeyOut(BaseModel):
+class KeyOut(Out):
     id: str
     tenant: str | None
     name: str
     created_at: datetime
     revoked_at: datetime | None
 
-    @classmethod
-    def of(cls, key: ApiKey) -> KeyOut:
-        return cls(id=key.id, tenant=key.tenant, name=key.name, created_at=key.created_at, revoked_at=key.revoked_at)
 
 
 class NewKeyOut(BaseModel):
