@@ -87,8 +87,9 @@ def copy_store(source: Store, dest: Store, *, batch: int = DEFAULT_BATCH,
         if progress is not None:
             progress(done, max(total, done))
 
-    for owner in owners:
-        _copy_owner(source, dest, owner, batch, report, advance)
+    with dest.bulk_load():
+        for owner in owners:
+            _copy_owner(source, dest, owner, batch, report, advance)
     _copy_keys(source, dest, report)
     for owner in owners:
         report.checked.append(_verify(source, dest, owner))

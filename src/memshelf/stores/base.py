@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -98,6 +98,11 @@ class Store(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def bulk_load(self) -> AbstractContextManager[None]:
+        """Wrap a large import (migrate, benchmarks): a backend may defer index builds to the end of the block
+        and tidy up afterwards. Reads inside the block stay correct. The default does nothing special."""
+        return nullcontext()
 
     # memories
     @abstractmethod

@@ -17,7 +17,7 @@ Tenant isolation has two walls:
 What a production deployment needs:
 
 - a login role that is NOT a superuser and does NOT have BYPASSRLS, owning memshelf's tables (it runs the
-  migrations, and creates an HNSW index when a new embedding model is first seen);
+  migrations, and creates the vector indexes when a new embedding model is first seen);
 - the roles `memshelf_app` and `memshelf_admin` (NOLOGIN), and the login role a member of both. The migration
   creates them when the login role may (superuser or CREATEROLE); otherwise a superuser runs once:
   `CREATE ROLE memshelf_app NOLOGIN; CREATE ROLE memshelf_admin NOLOGIN;
@@ -25,14 +25,21 @@ What a production deployment needs:
   On PostgreSQL 16+ prefer `GRANT memshelf_admin TO <login> WITH INHERIT FALSE` so that the login role itself,
   outside memshelf, is walled too.
 
-Vectors: one `vector` column without a fixed dimension. Each (model, dimensions) pair first seen gets a partial
-HNSW expression index `((embedding::vector(d)) vector_cosine_ops) WHERE embed_model = '<model>' AND
-vector_dims(embedding) = d`; searches use the same cast and predicate so the planner can use it. An owner with at
-most `exact_max_rows` vectors of the model (default 20,000, counted with a capped index-only count) is searched
-exactly (cosine over the owner's rows, found through the owner index); a larger owner goes through HNSW with
-`hnsw.iterative_scan = relaxed_order`, so the owner filter cannot starve the top-k, and if the index still comes
-back short the search is redone exactly. The store interface keeps vectors as little-endian float32 blobs (the
-export format); they are converted to pgvector's binary form at this boundary.
+Vectors: one `vector` column without a fixed dimension, kept in the row rather than in TOAST (m003). Each
+(model, dimensions) pair first seen gets two partial indexes, both `WHERE embed_model = '<model>' AND
+vector_dims(embedding) = d`; searches repeat the predicate so the planner can use them:
+
+- a covering btree on (tenant, user_id) INCLUDE (pk, confidence, expires_at, embedding), for vectors of up to 512
+  dimensions and owner keys of up to 512 bytes (so every entry fits in a btree page). An owner with at most
+  `exact_max_rows` vectors of the model (default 20,000, counted with a capped index-only count) is searched
+  exactly by an index-only scan of its entries, which lie together in the index however the owner's rows are
+  spread over the table;
+- an HNSW expression index `((embedding::vector(d)) vector_cosine_ops)`, up to pgvector's 2,000 dimensions, for
+  larger owners, with `hnsw.iterative_scan = relaxed_order` so the owner filter cannot starve the top-k; if the
+  index still comes back short the search is redone exactly.
+
+The store interface keeps vectors as little-endian float32 blobs (the export format); they are converted to
+pgvector's binary form at this boundary.
 
 Keywords: a stored generated tsvector column over topic and content, GIN-indexed, with the `memshelf_text`
 configuration (unaccented, English snowball stems, no stopwords); each term becomes `'term':*` (prefix match),
@@ -78,6 +85,13 @@ is as fast as HNSW with a filter, and exact by definition."""
 EF_SEARCH = 200
 """HNSW candidate list for owner-filtered scans; 100 left a 1% owner at recall@10 0.93-0.99 across index builds."""
 MAX_SCAN_TUPLES = 40_000
+HNSW_MAX_DIMS = 2_000
+"""pgvector indexes `vector` columns of up to 2,000 dimensions with HNSW; larger vectors are searched exactly."""
+EXACT_INDEX_MAX_DIMS = 512
+EXACT_INDEX_MAX_OWNER_BYTES = 512
+"""The covering index of the exact path holds each row's vector next to its owner key. A btree entry has at most
+2,704 bytes, which with an owner key of up to 512 bytes (UTF-8 tenant + user) leaves room for 512 dimensions.
+Larger vectors, and the rare owners with longer keys, are scanned from the table instead (correct, slower)."""
 OVERSAMPLE = 4
 """The HNSW path fetches OVERSAMPLE x limit (at least MIN_CANDIDATES) nearest rows of the owner and keeps the
 best `limit` by exact distance: with a 1% owner this lifted recall@10 from 0.80 to 0.985 (tests/test_postgres.py)."""
@@ -164,8 +178,16 @@ def _key(row: Sequence) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]))
 
 
-def index_name(model: str, dimensions: int) -> str:
-    return f"memories_hnsw_{hashlib.sha256(model.encode()).hexdigest()[:16]}_{dimensions}"
+def index_names(model: str, dimensions: int) -> dict[str, str]:
+    """The indexes a (model, dimensions) pair gets, by kind: "hnsw" up to HNSW_MAX_DIMS, "exact" (the covering
+    index the exact path scans) up to EXACT_INDEX_MAX_DIMS."""
+    tag = f"{hashlib.sha256(model.encode()).hexdigest()[:16]}_{dimensions}"
+    names = {}
+    if dimensions <= HNSW_MAX_DIMS:
+        names["hnsw"] = f"memories_hnsw_{tag}"
+    if dimensions <= EXACT_INDEX_MAX_DIMS:
+        names["exact"] = f"memories_exact_{tag}"
+    return names
 
 
 def _vector_predicate(model: str, dimensions: int, alias: str = "m.") -> sql.Composed:
@@ -173,6 +195,36 @@ def _vector_predicate(model: str, dimensions: int, alias: str = "m.") -> sql.Com
     (a bound parameter would hide the value from a generic plan)."""
     return sql.SQL("{alias}embed_model = {model} AND vector_dims({alias}embedding) = {dims}").format(
         alias=sql.SQL(alias), model=sql.Literal(model), dims=sql.Literal(dimensions))
+
+
+def _short_owner(alias: str = "m.") -> sql.Composed:
+    """The covering index's bound on the owner's key, so that every row it takes fits in a btree entry."""
+    return sql.SQL("octet_length({alias}tenant) + octet_length({alias}user_id) <= {limit}").format(
+        alias=sql.SQL(alias), limit=sql.Literal(EXACT_INDEX_MAX_OWNER_BYTES))
+
+
+def _fits_exact_index(owner: Owner) -> bool:
+    return len(owner.tenant.encode()) + len(owner.user.encode()) <= EXACT_INDEX_MAX_OWNER_BYTES
+
+
+def exact_query(owner: Owner, model: str, dimensions: int) -> sql.Composed:
+    """The exact path's query; parameters: query vector, tenant, user, now, limit, tenant, floor.
+
+    Ordering by the score (not by the distance operator) keeps the planner off the HNSW index. The scan reads
+    only what the covering index holds (pk, confidence, expiry, vector), stored in owner order, so it never visits
+    the table however the owner's rows are spread over it; the text of the few winners is read afterwards. The
+    owner-key bound is the index's own predicate, repeated so the planner can use the index."""
+    vector = _vector_predicate(model, dimensions)
+    if _fits_exact_index(owner):
+        vector = sql.SQL("{} AND {}").format(vector, _short_owner())
+    return sql.SQL(
+        "WITH top AS MATERIALIZED (SELECT m.pk, m.confidence, 1 - ({cast} <=> %s::vector({dims})) AS score"
+        " FROM memories m WHERE {owner} AND {live} AND {vector}"
+        " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
+        " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
+        " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
+        columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
+        owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=vector)
 
 
 def _cast(dimensions: int, alias: str = "m.") -> sql.Composed:
@@ -188,7 +240,11 @@ def _translate(exc: psycopg.Error, url_hint: str) -> MemshelfError:
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return StoreError(f"PostgreSQL refused ({text}): memshelf's login role must own its tables and be a "
                           f"member of {APP_ROLE} and {ADMIN_ROLE}; see the memshelf.stores.postgres docstring")
-    if isinstance(exc, psycopg.OperationalError):
+    state = exc.sqlstate or ""
+    if state.startswith("54"):  # program limit exceeded: a value or row too large for the server
+        return StoreError(f"PostgreSQL refused a record beyond its limits ({text}): shorten the text or use "
+                          "an embedding model with fewer dimensions")
+    if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(("08", "57P"))):
         return StoreError(f"cannot talk to PostgreSQL at {url_hint} ({text}): check that the server is running "
                           "and the URL, user and password are right, then retry")
     return StoreError(f"PostgreSQL failed ({text}); retry, and if it persists check the server log")
@@ -245,7 +301,7 @@ class PostgresStore(Store):
                         conn.execute("INSERT INTO memshelf_migrations (name) VALUES (%s)", (name,))
                 self._indexes = {r[0] for r in conn.execute(
                     "SELECT indexname FROM pg_indexes WHERE tablename = 'memories'"
-                    " AND indexname LIKE 'memories_hnsw_%%'")}
+                    " AND (indexname LIKE 'memories_hnsw_%%' OR indexname LIKE 'memories_exact_%%')")}
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise StoreError(f"cannot set up memshelf's schema ({exc}): a superuser must create the "
                                  "extensions and roles once; see the memshelf.stores.postgres docstring") from exc
@@ -312,10 +368,22 @@ class PostgresStore(Store):
         self._pool.close()
 
     # ------------------------------------------------------------ vector indexes
+    def _has_indexes(self, cur: psycopg.Cursor, model: str, dimensions: int, kinds: Iterable[str]) -> bool:
+        """Whether the indexes of these kinds (those the pair gets at all) exist, asking the catalog only about
+        names this process has not seen yet (another process may have made them)."""
+        names = index_names(model, dimensions)
+        wanted = {names[k] for k in kinds if k in names}
+        if wanted - self._indexes:
+            self._indexes |= {r[0] for r in cur.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'memories' AND indexname = ANY(%s)",
+                (sorted(wanted),))}
+        return wanted <= self._indexes
+
     def _ensure_indexes(self, cur: psycopg.Cursor, pairs: Iterable[tuple[str, int]]) -> None:
-        """Create the HNSW index of each (model, dimensions) not seen before. Runs as the login role (the table
-        owner) and restores the scope afterwards; an advisory lock keeps two processes from racing."""
-        todo = {(m, d) for m, d in pairs if index_name(m, d) not in self._indexes}
+        """Create the missing indexes of each (model, dimensions): HNSW for large owners and the covering btree
+        for exact scans. Runs as the login role (the table owner) and restores the scope afterwards; an advisory
+        lock per index keeps two processes from racing."""
+        todo = {(m, d) for m, d in pairs if not self._has_indexes(cur, m, d, ("hnsw", "exact"))}
         if not todo:
             return
         if self._deferred is not None:
@@ -324,19 +392,27 @@ class PostgresStore(Store):
         scope = cur.execute("SELECT current_user, current_setting('memshelf.tenant', true)").fetchone()
         cur.execute("SET LOCAL ROLE NONE")
         for model, dimensions in sorted(todo):
-            name = index_name(model, dimensions)
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
-            cur.execute(sql.SQL(
-                "CREATE INDEX IF NOT EXISTS {} ON memories USING hnsw ({} vector_cosine_ops) WHERE {}").format(
-                sql.Identifier(name), _cast(dimensions, ""), _vector_predicate(model, dimensions, "")))
+            names = index_names(model, dimensions)
+            vector = _vector_predicate(model, dimensions, "")
+            statements = {
+                "hnsw": sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON memories USING hnsw ({cast} vector_cosine_ops)"
+                                " WHERE {vector}"),
+                "exact": sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON memories (tenant, user_id)"
+                                 " INCLUDE (pk, confidence, expires_at, embedding) WHERE {vector} AND {short}"),
+            }
+            for kind, name in names.items():
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+                cur.execute(statements[kind].format(name=sql.Identifier(name), cast=_cast(dimensions, ""),
+                                                    vector=vector, short=_short_owner("")))
         cur.execute("SELECT set_config('role', %s, true), set_config('memshelf.tenant', %s, true)", scope)
 
     @contextmanager
-    def deferred_indexes(self, memory: str | None = None) -> Iterator[None]:
-        """For bulk loads: inside the block, a model first seen gets no HNSW index; at the end each missing one
-        is built in one pass, which is several times faster than growing it row by row. Searches in between
-        are exact. `memory` is maintenance_work_mem for the build (default MEMSHELF_PG_BUILD_MEMORY or 1GB;
-        the graph of 1M 384-d vectors needs about 2GB to be built in memory)."""
+    def bulk_load(self, memory: str | None = None) -> Iterator[None]:
+        """For large imports: inside the block, a model first seen gets no vector indexes; at the end each missing
+        one is built in one pass (several times faster than growing an HNSW graph row by row), then `memories` is
+        vacuumed and analyzed, so the planner knows the new rows and index-only scans need not visit the table.
+        Searches in between are exact, from the table. `memory` is maintenance_work_mem for the build (default
+        MEMSHELF_PG_BUILD_MEMORY or 1GB; the HNSW graph of 1M 384-d vectors needs about 2GB in memory)."""
         self._deferred = set()
         try:
             yield
@@ -344,6 +420,12 @@ class PostgresStore(Store):
             pending, self._deferred = self._deferred, None
             if pending:
                 self._build_indexes(pending, memory or os.environ.get("MEMSHELF_PG_BUILD_MEMORY", "1GB"))
+        if getattr(self._local, "conn", None) is None:  # VACUUM cannot run inside a transaction
+            try:
+                with self._pool.connection() as conn:
+                    conn.execute("VACUUM (ANALYZE) memories")
+            except psycopg.Error as exc:
+                raise _translate(exc, self._hint) from exc
 
     def _build_indexes(self, pairs: set[tuple[str, int]], memory: str) -> None:
         with self.atomic():
@@ -356,22 +438,11 @@ class PostgresStore(Store):
     def _pairs(models_and_blobs: Iterable[tuple[str | None, bytes | None]]) -> set[tuple[str, int]]:
         return {(model, len(blob) // 4) for model, blob in models_and_blobs if model and blob is not None}
 
-    def _known_index(self, cur: psycopg.Cursor, model: str, dimensions: int) -> bool:
-        name = index_name(model, dimensions)
-        if name in self._indexes:
-            return True
-        if cur.execute("SELECT 1 FROM pg_indexes WHERE tablename = 'memories' AND indexname = %s",
-                       (name,)).fetchone():
-            self._indexes.add(name)
-            return True
-        return False
-
     # ------------------------------------------------------------ memories
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
         stored: list[Memory] = []
         with self._tenant(owner.tenant) as cur:
-            self._ensure_indexes(cur, [p for p in self._pairs((i.embed_model, i.vector) for i in items)
-                                       if not self._known_index(cur, *p)])
+            self._ensure_indexes(cur, self._pairs((i.embed_model, i.vector) for i in items))
             for item in items:
                 stored.append(self._add_one(cur, owner, item, now))
         return stored
@@ -414,8 +485,7 @@ class PostgresStore(Store):
         if not items:
             return 0
         with self._tenant(owner.tenant) as cur:
-            pairs = self._pairs((m.embed_model, v) for m, v in zip(items, vectors))
-            self._ensure_indexes(cur, [p for p in pairs if not self._known_index(cur, *p)])
+            self._ensure_indexes(cur, self._pairs((m.embed_model, v) for m, v in zip(items, vectors)))
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS memshelf_import (ord integer, id text, topic text,"
                         " content text, digest text, source text, confidence double precision,"
                         " created_at timestamptz, last_seen timestamptz, observations integer,"
@@ -502,7 +572,8 @@ class PostgresStore(Store):
                     f"{model} vectors have {stored}: the service now serves another model under that name; "
                     "give it a distinct name or run backfill after switching")
             blob = Blob(query.astype("<f4").tobytes())
-            if rows > self.exact_max_rows and self._known_index(cur, model, dimensions):
+            indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
+            if rows > self.exact_max_rows and indexed:
                 found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now)
                 if found is not None:
                     return found
@@ -521,17 +592,8 @@ class PostgresStore(Store):
 
     def _exact(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
                floor: float, now: datetime) -> list[Scored]:
-        # Ordering by the score (not by the distance operator) keeps the planner off the HNSW index. The scan
-        # sorts only (pk, score, confidence); the text of the few winners is read afterwards.
-        query = sql.SQL(
-            "WITH top AS MATERIALIZED (SELECT m.pk, m.confidence, 1 - ({cast} <=> %s::vector({dims})) AS score"
-            " FROM memories m WHERE {owner} AND {live} AND {vector}"
-            " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
-            " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
-            " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
-            columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
-            owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=_vector_predicate(model, dimensions))
-        rows = cur.execute(query, (blob, owner.tenant, owner.user, now, limit, owner.tenant, floor)).fetchall()
+        rows = cur.execute(exact_query(owner, model, dimensions),
+                           (blob, owner.tenant, owner.user, now, limit, owner.tenant, floor)).fetchall()
         return [Scored(_memory(r), float(r[11])) for r in rows]
 
     def _approximate(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int,
@@ -568,8 +630,7 @@ class PostgresStore(Store):
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
         rows = list(rows)
         with self._admin() as cur:
-            pairs = self._pairs((model, blob) for _, blob in rows)
-            self._ensure_indexes(cur, [p for p in pairs if not self._known_index(cur, *p)])
+            self._ensure_indexes(cur, self._pairs((model, blob) for _, blob in rows))
             cur.executemany("UPDATE memories SET embedding = %s, embed_model = %s WHERE pk = %s",
                             [(Blob(blob), model, key) for key, blob in rows])
 
