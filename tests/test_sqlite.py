@@ -146,22 +146,6 @@ def test_forgetting_a_memory_removes_it_from_its_neighbours_context(tmp_path):
     assert b"Noted, I will not tell anyone." in file_bytes(db)
 
 
-def test_hybrid_candidates_are_ranked_with_the_conversation_around_them(tmp_path):
-    from fakes import HashEmbedder
-
-    shelf = Shelf.open(tmp_path / "memory.db", embedder=HashEmbedder())
-    shelf.remember(KALEB, "session_1", "Caroline: I went to the adoption agency meeting yesterday.")
-    answer = shelf.remember(KALEB, "session_1", "Melanie: How did it go? Was it a good meeting?")
-    shelf.remember(KALEB, "session_2", "Melanie: The meeting about the roof went badly.")
-    words = shelf.store.keyword_search(KALEB, ["adoption", "meeting"], 5, shelf.now(), by_confidence=False)
-    ranked = [s.memory.content for s in words]
-    # Both mention "meeting" once; the answer was said right after the adoption agency came up.
-    assert ranked.index(answer.content) < ranked.index("Melanie: The meeting about the roof went badly.")
-    plain = shelf.search(KALEB, "adoption meeting", mode="keyword")
-    assert answer.content in [h.memory.content for h in plain]  # its own words match "meeting"
-    shelf.close()
-
-
 def test_keyword_scores_do_not_depend_on_other_tenants(tmp_path):
     """bm25 statistics are per tenant: another tenant's words move neither the scores nor the order of a tenant's
     hits (no side channel across tenants through ranking)."""

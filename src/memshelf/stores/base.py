@@ -34,6 +34,11 @@ class Observation:
     replace_vector: bool
 
 
+CONTEXT_TURNS = 2
+"""How many earlier memories of the same owner and topic make a memory's conversation context: words the hybrid
+search also ranks it by (BENCHMARKS.md, LoCoMo)."""
+
+
 def observe_again(old: Memory, item: NewMemory, now: datetime) -> Observation:
     """The dedup rule every backend applies: keep the stronger source, keep the later expiry (None is never),
     revive an expired row with the new expiry, and take the new vector only if it is of another model."""

@@ -76,7 +76,7 @@ from psycopg_pool import ConnectionPool
 from ..errors import DimensionMismatch, MemshelfError, StoreError
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from .base import ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
+from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
 from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS
 
 EXACT_MAX_ROWS = 20_000
@@ -97,6 +97,9 @@ OVERSAMPLE = 4
 best `limit` by exact distance: with a 1% owner this lifted recall@10 from 0.80 to 0.985 (tests/test_postgres.py)."""
 MIN_CANDIDATES = 40
 PAGE = 1_000
+CONTEXT_WEIGHT = 0.5
+"""ts_rank weight of a memory's conversation context, against 1.0 for its own words (SQLite's ranking also counts
+a memory's own words about twice its neighbours')."""
 """Rows per round trip when iterating an owner's memories."""
 
 
@@ -158,6 +161,15 @@ _MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_
                    "m.last_seen, m.observations, m.embed_model")
 _LIVE = "(m.expires_at IS NULL OR m.expires_at > %s)"
 _OWNER = "m.tenant = %s AND m.user_id = %s"
+
+
+def _context_of(tenant: str, user: str, topic: str, before: str = "") -> str:
+    """SQL for the words of the CONTEXT_TURNS memories of (tenant, user, topic) with pk below `before` (default:
+    all), oldest first; NULL when there are none."""
+    bound = f" AND p.pk < {before}" if before else ""
+    return ("(SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM (SELECT p.pk, p.content"
+            f" FROM memories p WHERE p.tenant = {tenant} AND p.user_id = {user} AND p.topic = {topic}{bound}"
+            f" ORDER BY p.pk DESC LIMIT {CONTEXT_TURNS}) p)")
 
 
 @overload
@@ -454,12 +466,13 @@ class PostgresStore(Store):
         if row is None:
             inserted = cur.execute(
                 f"INSERT INTO memories AS m (id, tenant, user_id, topic, content, digest, source, confidence,"
-                " created_at, last_seen, observations, expires_at, embedding, embed_model)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s, %s)"
-                f" ON CONFLICT DO NOTHING RETURNING {_MEMORY_COLUMNS}",
+                " created_at, last_seen, observations, expires_at, embedding, embed_model, context_search)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s, %s,"
+                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {_MEMORY_COLUMNS}",
                 (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
                  item.confidence, item.created_at, now, item.expires_at,
-                 None if item.vector is None else Blob(item.vector), item.embed_model)).fetchone()
+                 None if item.vector is None else Blob(item.vector), item.embed_model,
+                 owner.tenant, owner.user, item.topic)).fetchone()
             if inserted is not None:
                 return _memory(inserted)
             row = cur.execute(select, (owner.tenant, owner.user, key)).fetchone()  # a concurrent insert won
@@ -500,12 +513,23 @@ class PostgresStore(Store):
                                     memory.last_seen or memory.created_at, memory.observations, memory.expires_at,
                                     None if vector is None else Blob(vector),
                                     memory.embed_model if vector is not None else None))
+            # Each row's context: the previous CONTEXT_TURNS rows of its topic, counting the owner's newest stored
+            # ones and then the batch in order (a row the INSERT skips as already stored still counts).
+            lags = ", ".join(f"lag(content, {n}) OVER w" for n in range(CONTEXT_TURNS, 0, -1))
             cur.execute(
-                "INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
-                " last_seen, observations, expires_at, embedding, embed_model)"
-                " SELECT id, %s, %s, topic, content, digest, source, confidence, created_at, last_seen,"
-                " observations, expires_at, embedding, embed_model FROM memshelf_import ORDER BY ord"
-                " ON CONFLICT DO NOTHING", (owner.tenant, owner.user))
+                "WITH prior AS (SELECT t.topic, p.pk, p.content FROM (SELECT DISTINCT topic FROM memshelf_import) t"
+                "   CROSS JOIN LATERAL (SELECT pk, content FROM memories WHERE tenant = %s AND user_id = %s"
+                f"   AND topic = t.topic ORDER BY pk DESC LIMIT {CONTEXT_TURNS}) p),"
+                " turns AS (SELECT topic, content, NULL::integer AS ord, 0 AS part, pk AS seq FROM prior"
+                "   UNION ALL SELECT topic, content, ord, 1, ord FROM memshelf_import),"
+                f" context AS (SELECT ord, nullif(concat_ws(' ', {lags}), '') AS words FROM turns"
+                "   WINDOW w AS (PARTITION BY topic ORDER BY part, seq))"
+                " INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
+                " last_seen, observations, expires_at, embedding, embed_model, context_search)"
+                " SELECT i.id, %s, %s, i.topic, i.content, i.digest, i.source, i.confidence, i.created_at,"
+                " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words)"
+                " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
+                " ON CONFLICT DO NOTHING", (owner.tenant, owner.user, owner.tenant, owner.user))
             return cur.rowcount
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
@@ -516,9 +540,26 @@ class PostgresStore(Store):
 
     def delete_memory(self, owner: Owner, memory_id: str) -> bool:
         with self._tenant(owner.tenant) as cur:
-            cur.execute("DELETE FROM memories WHERE tenant = %s AND user_id = %s AND id = %s",
-                        (owner.tenant, owner.user, memory_id))
-            return cur.rowcount > 0
+            gone = cur.execute("DELETE FROM memories WHERE tenant = %s AND user_id = %s AND id = %s"
+                               " RETURNING tenant, user_id, topic, pk",
+                               (owner.tenant, owner.user, memory_id)).fetchall()
+            self._recontext(cur, gone)
+            return bool(gone)
+
+    @staticmethod
+    def _recontext(cur: psycopg.Cursor, gone: Sequence[Sequence]) -> None:
+        """Rewrite the context of the memories that followed deleted ones (tenant, user_id, topic, pk), so no
+        deleted memory's words stay in a neighbour's context."""
+        if not gone:
+            return
+        tenants, users, topics, pks = (list(column) for column in zip(*gone))
+        cur.execute(
+            f"UPDATE memories f SET context_search = {_context_of('f.tenant', 'f.user_id', 'f.topic', 'f.pk')}"
+            " WHERE f.pk IN (SELECT n.pk FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[])"
+            "   AS g(tenant, user_id, topic, pk)"
+            "   CROSS JOIN LATERAL (SELECT n.pk FROM memories n WHERE n.tenant = g.tenant AND n.user_id = g.user_id"
+            f"   AND n.topic = g.topic AND n.pk > g.pk ORDER BY n.pk LIMIT {CONTEXT_TURNS}) n)",
+            (tenants, users, topics, pks))
 
     def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
         with self._tenant(owner.tenant) as cur:
@@ -547,11 +588,16 @@ class PostgresStore(Store):
                        by_confidence: bool) -> list[Scored]:
         if not terms:
             return []
-        order = ("m.confidence DESC, rank DESC, m.created_at DESC, m.pk DESC" if by_confidence
-                 else "rank DESC, m.created_at DESC, m.pk DESC")
+        # The hybrid's candidates (not by_confidence) are ranked with their conversation context too, as on
+        # SQLite; either way a row is found only by its own words.
+        order, rank = (("m.confidence DESC, rank DESC, m.created_at DESC, m.pk DESC", "ts_rank(m.search, q)")
+                       if by_confidence else
+                       ("rank DESC, m.created_at DESC, m.pk DESC",
+                        f"ts_rank('{{0, 0, {CONTEXT_WEIGHT}, 1}}', setweight(m.search, 'A')"
+                        " || setweight(coalesce(m.context_search, ''::tsvector), 'B'), q)"))
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS}, ts_rank(m.search, q) AS rank"
+                f"SELECT {_MEMORY_COLUMNS}, {rank} AS rank"
                 " FROM memories m, to_tsquery('memshelf_text', %s) AS q"
                 f" WHERE m.search @@ q AND {_OWNER} AND {_LIVE} ORDER BY {order} LIMIT %s",
                 (tsquery_text(terms), owner.tenant, owner.user, now, limit)).fetchall()
@@ -745,10 +791,14 @@ class PostgresStore(Store):
 
     def purge_expired(self, now: datetime) -> Erased:
         with self._admin() as cur:
-            cur.execute("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= %s", (now,))
-            memories = cur.rowcount
+            gone = cur.execute("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= %s"
+                               " RETURNING tenant, user_id, topic, pk", (now,)).fetchall()
+            self._recontext(cur, gone)
             cur.execute("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= %s", (now,))
-            return Erased(memories=memories, messages=cur.rowcount)
+            erased = Erased(memories=len(gone), messages=cur.rowcount)
+        if erased.memories or erased.messages:
+            self._vacuum()
+        return erased
 
     # ------------------------------------------------------------ API keys
     def add_key(self, key: ApiKey, secret_hash: str) -> None:

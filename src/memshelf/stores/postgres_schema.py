@@ -151,4 +151,15 @@ END $$;
 ALTER TABLE memories ALTER COLUMN embedding SET STORAGE MAIN;
 ALTER TABLE memories SET (toast_tuple_target = 8160);
 """),
+    # The conversation context, as on SQLite: the words of the CONTEXT_TURNS memories the owner stored just before
+    # this one under the same topic. Only the hybrid's keyword candidates are ranked with it (own words weigh
+    # twice); rows still match by their own words alone. Kept as a tsvector only, and rewritten when a memory it
+    # was made from is deleted, so a forgotten memory's words do not linger in its neighbours.
+    ("m004_conversation_context", """
+CREATE FUNCTION memshelf_words(text) RETURNS tsvector
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT to_tsvector('memshelf_text'::regconfig, regexp_replace($1, '[^[:alnum:]]+', ' ', 'g')) $$;
+ALTER TABLE memories ADD COLUMN context_search tsvector;
+CREATE INDEX memories_owner_topic ON memories (tenant, user_id, topic, pk);
+"""),
 ]

@@ -17,13 +17,11 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, StoreError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import VectorMatrix, top_k
-from .base import ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
+from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
 from .sqlite_fts import TenantIndexes
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
-CONTEXT_TURNS = 2
-"""How many earlier memories of the same owner and topic a memory's keyword index also covers (its context)."""
 CONTEXT_WEIGHT = 1.0
 """bm25 weight of the context column. The query requires, and so counts a second time, a match in the row's own
 topic or content, which makes a memory's own words count about twice its neighbours' (BENCHMARKS.md, LoCoMo)."""
