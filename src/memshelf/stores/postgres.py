@@ -44,9 +44,13 @@ pgvector's binary form at this boundary.
 Keywords: a stored generated tsvector column over topic and content, GIN-indexed, with the `memshelf_text`
 configuration (unaccented, English snowball stems, no stopwords); each term becomes `'term':*` (prefix match),
 quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with ts_rank for relevance.
+The hybrid's keyword candidates are ranked with their conversation context too (`context_search`: the words of
+the CONTEXT_TURNS memories the owner stored before under the same topic, weight CONTEXT_WEIGHT against 1.0 for
+the row's own words); a row is found only by its own words either way.
 
-Erasure deletes every row of the user or tenant (the tsvector and vector live in the row, so they go with it) and,
-when not inside an outer transaction, runs VACUUM on the touched tables so dead tuples and index entries are
+Erasure deletes every row of the user or tenant (the tsvectors and vector live in the row, so they go with it);
+deleting or purging single memories also rewrites the context of the memories that followed them. Then,
+when not inside an outer transaction, the store runs VACUUM on the touched tables so dead tuples and index entries are
 removed at once rather than at the next autovacuum. As with any PostgreSQL deletion, old bytes can remain in
 free space within pages and in WAL segments until they are overwritten or recycled; erasing those needs
 encrypted storage and WAL retention to match your policy. Set MEMSHELF_PG_VACUUM_ON_ERASE=0 to leave it to
