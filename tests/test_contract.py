@@ -391,6 +391,28 @@ def test_messages_have_their_own_retention(open_shelf, clock):
     assert len(shelf.search(KALEB, "durable")) == 1
 
 
+def test_message_pages_reach_back_past_the_newest_thousand(shelf, clock):
+    for i in range(1_205):
+        shelf.log_message(KALEB, "long" if i % 2 else "short", "user", f"turn {i}",
+                          **({"ttl": 60} if i == 1_203 else {}))
+    shelf.log_message(MAYA, "long", "user", "another owner's turn")
+    clock.advance(61)  # turn 1203 has expired
+    pages, cursor = [], None
+    while True:
+        page, cursor = shelf.list_messages(KALEB, "long", limit=250, cursor=cursor)
+        pages.append(page)
+        if cursor is None:
+            break
+    seen = [m.content for page in pages for m in page]
+    assert seen == [f"turn {i}" for i in range(1_201, 0, -2)]  # newest first, every live one, nothing else
+    assert [len(p) for p in pages] == [250, 250, 101]
+    everything, end = shelf.list_messages(KALEB, limit=1_000)
+    assert len(everything) == 1_000 and end is not None
+    assert len(shelf.list_messages(KALEB, limit=1_000, cursor=end)[0]) == 204
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_messages(KALEB, cursor="offset:3")
+
+
 # ---------------------------------------------------------------- erasure
 def test_forget_user_erases_every_kind_of_record(shelf):
     shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")

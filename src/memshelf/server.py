@@ -37,8 +37,8 @@ from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Sen
 
 from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput, MemshelfError,
                      NotFound, StoreError, UnknownSource)
-from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Message, Owner)
-from .shelf import MAX_LIMIT, Shelf
+from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Owner)
+from .shelf import Shelf
 from .stores.base import ApiKey, Erased
 
 if TYPE_CHECKING:
@@ -620,19 +620,8 @@ def _message_routes(app: FastAPI) -> None:
                       thread: Annotated[str | None, Query(min_length=1, max_length=MAX_TOPIC_CHARS)] = None
                       ) -> Page[MessageOut]:
         """The user's messages (of one thread, or all), newest first, one page at a time."""
-        items, next_cursor = message_page(shelf, owner, thread, limit, read_offset_cursor(cursor))
+        items, next_cursor = shelf.list_messages(owner, thread, limit=limit, cursor=cursor)
         return Page[MessageOut](items=[MessageOut.of(m) for m in items], next_cursor=next_cursor)
-
-
-def message_page(shelf: Shelf, owner: Owner, thread: str | None, limit: int,
-                 offset: int) -> tuple[list[Message], str | None]:
-    """Newest first. Shelf.messages only returns the newest N (N <= 1000), so paging reaches back 1000 messages;
-    a cursor-taking Shelf.messages would lift that."""
-    wanted = min(offset + limit + 1, MAX_LIMIT)
-    newest_first = list(reversed(shelf.messages(owner, thread, limit=wanted)))
-    items = newest_first[offset:offset + limit]
-    more = len(newest_first) > offset + limit
-    return items, offset_cursor(offset + limit) if more else None
 
 
 def _owner_routes(app: FastAPI) -> None:

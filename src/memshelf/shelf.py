@@ -60,6 +60,15 @@ def _check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
+def _read_cursor(cursor: object) -> int | None:
+    """The key a page ended on, from the next_cursor a list_* call gave out (None: start at the newest)."""
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str) or not cursor.isdigit() or len(cursor) > 18:
+        raise InvalidInput(f"cursor {cursor!r} is not one this shelf gave out: pass next_cursor unchanged")
+    return int(cursor)
+
+
 class Shelf:
     """Durable, owned, searchable memory. Open one with `Shelf.open(path_or_url)`."""
 
@@ -198,11 +207,7 @@ class Shelf:
     def list_memories(self, owner: Owner, *, limit: int = 50,
                       cursor: str | None = None) -> tuple[list[Memory], str | None]:
         """One page of the owner's live memories, newest first, and the cursor of the next page (None at the end)."""
-        before = None
-        if cursor is not None:
-            if not isinstance(cursor, str) or not cursor.isdigit() or len(cursor) > 19:
-                raise InvalidInput(f"cursor {cursor!r} is not one this shelf gave out: pass next_cursor unchanged")
-            before = int(cursor)
+        before = _read_cursor(cursor)
         limit = _check_limit(limit)
         rows = self.store.page_memories(_check_owner(owner), before, limit, self.now())
         next_cursor = str(rows[-1][0]) if len(rows) == limit else None
@@ -333,6 +338,15 @@ class Shelf:
     def messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50) -> list[Message]:
         """The newest `limit` messages of a thread (or of all threads), oldest first."""
         return self.store.messages(_check_owner(owner), thread, _check_limit(limit), self.now())
+
+    def list_messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50,
+                      cursor: str | None = None) -> tuple[list[Message], str | None]:
+        """One page of the owner's live messages (of a thread, or of all), newest first, and the cursor of the next
+        page (None at the end): unlike messages(), paging reaches back to the first message."""
+        before = _read_cursor(cursor)
+        limit = _check_limit(limit)
+        rows = self.store.page_messages(_check_owner(owner), thread, before, limit, self.now())
+        return [m for _, m in rows], (str(rows[-1][0]) if len(rows) == limit else None)
 
     # ---------------------------------------------------------------- erasure
     def forget_user(self, owner: Owner) -> Erased:

@@ -183,6 +183,11 @@ class Store(ABC):
         """The newest `limit` messages of a thread (all threads when None), returned oldest first."""
 
     @abstractmethod
+    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
+                      now: datetime) -> list[tuple[int, Message]]:
+        """Live messages newest first, each with its backend key; `before` is the key the last page ended on."""
+
+    @abstractmethod
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int: ...
 
     # erasure

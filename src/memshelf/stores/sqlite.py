@@ -476,6 +476,15 @@ class SQLiteStore(Store):
         rows = self._q(sql + " ORDER BY pk DESC LIMIT ?", params + (limit,)).fetchall()
         return [Message(r[0], r[1], r[2], r[3], parse_ts(r[4]), parse_ts(r[5])) for r in reversed(rows)]
 
+    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
+                      now: datetime) -> list[tuple[int, Message]]:
+        rows = self._q("SELECT pk, id, thread, role, content, created_at, expires_at FROM messages"
+                       " WHERE tenant = ? AND user_id = ? AND (? IS NULL OR thread = ?) AND pk < ?"
+                       " AND (expires_at IS NULL OR expires_at > ?) ORDER BY pk DESC LIMIT ?",
+                       (owner.tenant, owner.user, thread, thread, 2**62 if before is None else before, ts(now),
+                        limit)).fetchall()
+        return [(r[0], Message(r[1], r[2], r[3], r[4], parse_ts(r[5]), parse_ts(r[6]))) for r in rows]
+
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
         added = 0
         with self.atomic():
