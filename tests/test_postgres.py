@@ -77,6 +77,54 @@ def test_migrations_from_two_processes_and_threads_at_once(pg_server):
     assert rows == [(name, 1) for name, _ in MIGRATIONS]
 
 
+def test_a_database_from_before_m003_upgrades_in_place(pg_server, monkeypatch):
+    """Rows written under m001-m002 (no context, vectors wherever PostgreSQL put them) stay searchable after the
+    later migrations; the first write of their model adds the missing covering index."""
+    import memshelf.stores.postgres as pg_module
+    from memshelf.stores.postgres import digest
+
+    url = pg_server.empty_database()
+    monkeypatch.setattr(pg_module, "MIGRATIONS", MIGRATIONS[:2])
+    PostgresStore(url).close()
+    monkeypatch.undo()
+    owner, dims = Owner("old", "olive"), 16
+    rng = np.random.default_rng(3)
+    block = rng.normal(size=(30, dims)).astype(np.float32)
+    block /= np.linalg.norm(block, axis=1, keepdims=True)
+    with psycopg.connect(url) as conn:  # what the m002-era store wrote
+        for i, vector in enumerate(block):
+            content = f"Old note {i} about the {'boiler' if i % 3 == 0 else 'garden'}."
+            conn.execute(
+                "INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
+                " last_seen, embedding, embed_model) VALUES (%s, %s, %s, 'notes', %s, %s, 'stated', 1.0, %s, %s,"
+                " %s::vector, 'old-16')",
+                (f"old-{i}", owner.tenant, owner.user, content, digest("notes", content), T0, T0,
+                 "[" + ",".join(repr(float(x)) for x in vector) + "]"))
+    store = PostgresStore(url)
+    try:
+        assert store.applied_migrations() == [name for name, _ in MIGRATIONS]
+        query = block[4] + 0.2 * block[9]
+        expected = [f"old-{i}" for i in np.argsort(-(block @ (query / np.linalg.norm(query))), kind="stable")[:K]]
+        assert [s.memory.id for s in store.vector_search(owner, "old-16", query, K, -1.0, T0)] == expected
+        assert len(store.keyword_search(owner, ["boiler"], 50, T0, by_confidence=False)) == 10
+        assert store.delete_memory(owner, "old-0")  # rewrites the context of its followers, old-1 and old-2
+        store.import_memories(owner, [Memory("new-0", "notes", "A new note about the boiler.", "stated", 1.0, T0,
+                                             embed_model="old-16")], [pack(block[0])])
+        with psycopg.connect(url) as conn:
+            made = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
+            contexts = dict(conn.execute("SELECT id, context_search::text FROM memories WHERE id IN"
+                                         " ('old-2', 'old-5', 'new-0')").fetchall())
+        assert set(index_names("old-16", dims).values()) <= made
+        assert contexts["old-5"] is None  # untouched old rows have no context: ranked by their own words
+        assert "'garden'" in contexts["old-2"] and "'1':" in contexts["old-2"]  # rewritten: now it follows old-1
+        assert "'28':" in contexts["new-0"] and "'29':" in contexts["new-0"]  # the last two old notes
+        # through the covering index now; new-0 has old-0's vector, so it takes old-0's place
+        assert [s.memory.id for s in store.vector_search(owner, "old-16", query, K, -1.0, T0)] == [
+            "new-0" if i == "old-0" else i for i in expected]
+    finally:
+        store.close()
+
+
 def test_open_by_url_gives_a_working_shelf(pg_url):
     with Shelf.open(pg_url, embedder=None) as shelf:
         memory = shelf.remember(A, "network", "The office printer is on 192.168.1.40.")
