@@ -179,13 +179,14 @@ class Store(ABC):
     def add_message(self, owner: Owner, message: Message) -> Message: ...
 
     @abstractmethod
+    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
+                      now: datetime | None) -> list[tuple[int, Message]]:
+        """Messages of a thread (all threads when None) newest first, each with its backend key; `before` is the
+        key the last page ended on. Only the live ones at `now`; every one when `now` is None."""
+
     def messages(self, owner: Owner, thread: str | None, limit: int, now: datetime | None) -> list[Message]:
         """The newest `limit` messages of a thread (all threads when None), returned oldest first."""
-
-    @abstractmethod
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime) -> list[tuple[int, Message]]:
-        """Live messages newest first, each with its backend key; `before` is the key the last page ended on."""
+        return [m for _, m in reversed(self.page_messages(owner, thread, None, limit, now))]
 
     @abstractmethod
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int: ...

@@ -741,10 +741,11 @@ class PostgresStore(Store):
                          message.created_at, message.expires_at))
         return message
 
-    def messages(self, owner: Owner, thread: str | None, limit: int, now: datetime | None) -> list[Message]:
-        query = ("SELECT id, thread, role, content, created_at, expires_at FROM messages"
-                 " WHERE tenant = %s AND user_id = %s")
-        params: tuple = (owner.tenant, owner.user)
+    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
+                      now: datetime | None) -> list[tuple[int, Message]]:
+        query = ("SELECT pk, id, thread, role, content, created_at, expires_at FROM messages"
+                 " WHERE tenant = %s AND user_id = %s AND pk < %s")
+        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before)
         if thread is not None:
             query += " AND thread = %s"
             params += (thread,)
@@ -753,18 +754,6 @@ class PostgresStore(Store):
             params += (now,)
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(query + " ORDER BY pk DESC LIMIT %s", params + (min(limit, 2**62),)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5])) for r in reversed(rows)]
-
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime) -> list[tuple[int, Message]]:
-        query = ("SELECT pk, id, thread, role, content, created_at, expires_at FROM messages"
-                 " WHERE tenant = %s AND user_id = %s AND pk < %s AND (expires_at IS NULL OR expires_at > %s)")
-        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before, now)
-        if thread is not None:
-            query += " AND thread = %s"
-            params += (thread,)
-        with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(query + " ORDER BY pk DESC LIMIT %s", params + (limit,)).fetchall()
         return [(r[0], Message(r[1], r[2], r[3], r[4], _utc(r[5]), _utc(r[6]))) for r in rows]
 
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:

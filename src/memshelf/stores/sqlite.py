@@ -463,26 +463,18 @@ class SQLiteStore(Store):
                      ts(message.created_at), ts(message.expires_at)))
         return message
 
-    def messages(self, owner: Owner, thread: str | None, limit: int, now: datetime | None) -> list[Message]:
-        sql = ("SELECT id, thread, role, content, created_at, expires_at FROM messages"
-               " WHERE tenant = ? AND user_id = ?")
-        params: tuple = (owner.tenant, owner.user)
-        if thread is not None:
+    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
+                      now: datetime | None) -> list[tuple[int, Message]]:
+        sql = "SELECT pk, id, thread, role, content, created_at, expires_at FROM messages" \
+              " WHERE tenant = ? AND user_id = ? AND pk < ?"
+        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before)
+        if thread is not None:  # spelled out, not `? IS NULL OR ...`, so the thread index stays usable
             sql += " AND thread = ?"
             params += (thread,)
         if now is not None:
             sql += " AND (expires_at IS NULL OR expires_at > ?)"
             params += (ts(now),)
         rows = self._q(sql + " ORDER BY pk DESC LIMIT ?", params + (limit,)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], parse_ts(r[4]), parse_ts(r[5])) for r in reversed(rows)]
-
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime) -> list[tuple[int, Message]]:
-        rows = self._q("SELECT pk, id, thread, role, content, created_at, expires_at FROM messages"
-                       " WHERE tenant = ? AND user_id = ? AND (? IS NULL OR thread = ?) AND pk < ?"
-                       " AND (expires_at IS NULL OR expires_at > ?) ORDER BY pk DESC LIMIT ?",
-                       (owner.tenant, owner.user, thread, thread, 2**62 if before is None else before, ts(now),
-                        limit)).fetchall()
         return [(r[0], Message(r[1], r[2], r[3], r[4], parse_ts(r[5]), parse_ts(r[6]))) for r in rows]
 
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
