@@ -116,26 +116,21 @@ CREATE TABLE api_keys (
     ("m002_tenant_wall", f"""
 -- Roles are shared by every database of the server; another database may be creating them right now.
 DO $$
+DECLARE
+    name text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{APP_ROLE}') THEN
-        BEGIN
-            CREATE ROLE {APP_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ADMIN_ROLE}') THEN
-        BEGIN
-            CREATE ROLE {ADMIN_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
-    END IF;
-    -- The login role switches to these per transaction (SET LOCAL ROLE), so it must be a member.
-    IF NOT pg_has_role(current_user, '{APP_ROLE}', 'MEMBER') THEN
-        EXECUTE format('GRANT {APP_ROLE} TO %I', current_user);
-    END IF;
-    IF NOT pg_has_role(current_user, '{ADMIN_ROLE}', 'MEMBER') THEN
-        EXECUTE format('GRANT {ADMIN_ROLE} TO %I', current_user);
-    END IF;
+    FOREACH name IN ARRAY ARRAY['{APP_ROLE}', '{ADMIN_ROLE}'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = name) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS', name);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+            END;
+        END IF;
+        -- The login role switches to these per transaction (SET LOCAL ROLE), so it must be a member.
+        IF NOT pg_has_role(current_user, name, 'MEMBER') THEN
+            EXECUTE format('GRANT %I TO %I', name, current_user);
+        END IF;
+    END LOOP;
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO {APP_ROLE}, {ADMIN_ROLE}', current_schema());
     EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA %I TO {APP_ROLE}, {ADMIN_ROLE}', current_schema());
 END $$;
