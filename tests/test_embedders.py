@@ -509,8 +509,9 @@ def test_writes_and_searches_do_not_wait_for_a_hung_service(
     hung: str, open_shelf: Callable[..., Shelf], monkeypatch: pytest.MonkeyPatch,
     ollama_client: Callable[..., OllamaEmbedder],
 ) -> None:
-    """remember and search give a hung embedding service their deadline, not the embedder's 30 s: the memory is
-    stored without a vector and found by keywords, the search says it degraded, and a later backfill embeds it."""
+    """remember, search and import give a hung embedding service their deadline, not the embedder's 30 s: the
+    memory is stored without a vector and found by keywords, the search says it degraded, and a later backfill
+    embeds what was stored."""
     monkeypatch.setenv("MEMSHELF_EMBED_WRITE_TIMEOUT", "1")
     monkeypatch.setenv("MEMSHELF_EMBED_SEARCH_TIMEOUT", "1")
     owner = Owner("home", "kaleb")
@@ -523,11 +524,14 @@ def test_writes_and_searches_do_not_wait_for_a_hung_service(
         started = time.monotonic()
         result = shelf.search(owner, "printer")
         assert time.monotonic() - started < 3.0
+        started = time.monotonic()
+        assert shelf.import_(Owner("home", "maya"), shelf.export(owner))["memories"] == 1
+        assert time.monotonic() - started < 3.0
     assert result.degraded and "did not answer in time" in result.reason
     assert [hit.memory.id for hit in result] == [memory.id]
     with FakeOllama() as fake:
         healthy = open_shelf(embedder=ollama_client(host=fake.url))
-        assert healthy.backfill() == 1
+        assert healthy.backfill() == 2
         found = healthy.search(owner, "where is the office printer", mode="semantic")
     assert [hit.memory.id for hit in found] == [memory.id]
 
