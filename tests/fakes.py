@@ -3,7 +3,8 @@
 `FakeOllama` and `FakeOpenAI` are real HTTP servers on 127.0.0.1 speaking the slice of each API memshelf uses, so
 the clients are tested over real sockets: refused connections, timeouts and status codes included. Their vectors,
 like `HashEmbedder`'s, are a hashed bag of words: texts that share words have a higher cosine, and the same text
-always gets the same vector.
+always gets the same vector. `SilentServer` (accepts, never answers) and `TricklingOllama` (answers one byte a
+second) are services that are up but hung, below the HTTP layer.
 
     with FakeOllama(legacy=True) as ollama:
         embedder = OllamaEmbedder(host=ollama.url)
@@ -13,11 +14,13 @@ always gets the same vector.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import random
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -269,3 +272,127 @@ def _out_of_order(items: list[Any]) -> list[Any]:
     shuffled = list(items)
     random.Random(len(items)).shuffle(shuffled)
     return shuffled if shuffled != items or len(items) < 2 else shuffled[::-1]
+
+
+class _RawServer:
+    """A loopback TCP server that misbehaves below HTTP: each connection is handled by `serve(conn)` in a thread.
+    A connection is let go after `hold` seconds, so a client without a deadline fails a test instead of hanging it.
+    `stop()` closes every connection; `url` stays the same after it."""
+
+    def __init__(self, hold: float = 60.0) -> None:
+        self.hold = hold
+        self.connections = 0
+        self._stopping = threading.Event()
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.url = ""
+
+    def start(self) -> Self:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._spawn(self._accept_loop)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        for thread in list(self._threads):
+            thread.join()
+        if self._listener is not None:
+            self._listener.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with self._lock:
+                self._open.append(conn)
+                self.connections += 1
+            self._spawn(self._serve_and_close, conn)
+
+    def _serve_and_close(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            self.serve(conn)
+
+
+class SilentServer(_RawServer):
+    """Accepts every connection, reads what is sent, and never answers: a hung service."""
+
+    def serve(self, conn: socket.socket) -> None:
+        conn.settimeout(0.05)
+        until = time.monotonic() + self.hold
+        while not self._stopping.is_set() and time.monotonic() < until:
+            try:
+                if not conn.recv(65536):
+                    return
+            except TimeoutError:
+                continue
+
+
+class TricklingOllama(_RawServer):
+    """Reads a request and sends a correct Ollama /api/embed reply, one byte every `interval` seconds, headers
+    included: every read succeeds quickly, so per-read timeouts never fire (the reply would take minutes)."""
+
+    def __init__(self, interval: float = 1.0, dims: int = DEFAULT_DIMS, hold: float = 60.0) -> None:
+        super().__init__(hold)
+        self.interval = interval
+        self.dims = dims
+        self.bytes_sent = 0
+
+    def serve(self, conn: socket.socket) -> None:
+        body = json.loads(_read_http_request(conn) or b"null")
+        texts = _as_list(body.get("input")) if isinstance(body, dict) else []
+        payload = json.dumps({"embeddings": [hash_vector(text, self.dims) for text in texts]}).encode()
+        reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        for index in range(min(len(reply), int(self.hold / self.interval))):
+            conn.sendall(reply[index:index + 1])
+            self.bytes_sent += 1
+            if self._stopping.wait(self.interval):
+                return
+
+
+def _read_http_request(conn: socket.socket) -> bytes:
+    """The body of one HTTP request read from a raw socket (headers skipped, Content-Length honoured)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return body

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import numpy as np
 import pytest
-from fakes import FakeOllama, FakeOpenAI, HashEmbedder, hash_vector
+from fakes import FakeOllama, FakeOpenAI, HashEmbedder, SilentServer, TricklingOllama, hash_vector
 
 import memshelf.embedders
 from memshelf.embedders import (
@@ -24,10 +24,12 @@ from memshelf.embedders import (
     registered_providers,
     resolve_embedder,
 )
+from memshelf import Owner, Shelf
 from memshelf.embedders import base
+from memshelf.embedders.base import embedding_deadline, embedding_time_left, search_timeout, write_timeout
 from memshelf.embedders.local import local_model_available
 from memshelf.embedders.ollama import resolve_ollama_host
-from memshelf.errors import DimensionMismatch, EmbedderError, EmbedderUnavailable
+from memshelf.errors import ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable
 
 
 def expected_rows(texts: list[str], dims: int = 64) -> np.ndarray:
@@ -44,7 +46,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY", "MEMSHELF_EMBEDDER"):
+    for name in ("OLLAMA_HOST", "OPENAI_BASE_URL", "OPENAI_API_KEY", "MEMSHELF_EMBEDDER",
+                 "MEMSHELF_EMBED_WRITE_TIMEOUT", "MEMSHELF_EMBED_SEARCH_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -436,6 +439,197 @@ def test_openai_dimensions_are_requested_and_known_up_front(openai_client: Calla
         assert fake.requests == []
         assert embedder.embed_batch(["a", "b"]).shape == (2, 32)
     assert fake.requests[0].body["dimensions"] == 32
+
+
+# --- deadlines: a hung service never holds a caller past its deadline ---------------------------------------------
+
+
+def test_a_trickling_reply_is_cut_at_the_request_deadline(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with TricklingOllama(interval=1.0) as fake:
+        embedder = ollama_client(host=fake.url, timeout=2.5)
+        started = time.monotonic()
+        with pytest.raises(EmbedderUnavailable, match="did not answer in time"):
+            embedder.embed("hello")
+        elapsed = time.monotonic() - started
+    assert fake.bytes_sent >= 2  # every read got a byte within a second: a per-read timeout never fires
+    assert 2.0 < elapsed < 4.0
+
+
+def test_a_caller_deadline_shortens_the_embedders_own(openai_client: Callable[..., OpenAIEmbedder]) -> None:
+    with SilentServer() as silent:
+        embedder = openai_client(base_url=f"{silent.url}/v1", timeout=30.0)
+        started = time.monotonic()
+        with embedding_deadline(0.5), pytest.raises(EmbedderUnavailable, match="did not answer in time"):
+            embedder.embed("hello")
+        assert time.monotonic() - started < 2.0
+    assert silent.connections == 1
+
+
+def test_a_deadline_is_kept_by_the_service_that_answers(ollama_client: Callable[..., OllamaEmbedder]) -> None:
+    with FakeOllama() as fake, embedding_deadline(5.0):
+        assert ollama_client(host=fake.url).embed_batch(numbered_texts(100)).shape == (100, 64)
+
+
+def test_deadlines_nest_and_the_earlier_one_wins() -> None:
+    assert embedding_time_left() is None
+    with embedding_deadline(1.0):
+        with embedding_deadline(60.0):
+            left = embedding_time_left()
+            assert left is not None and 0 < left <= 1.0
+        with embedding_deadline(None):
+            assert 0 < (embedding_time_left() or 0) <= 1.0
+    assert embedding_time_left() is None
+
+
+def test_the_write_and_search_deadlines_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (write_timeout(), search_timeout()) == (base.WRITE_TIMEOUT, base.SEARCH_TIMEOUT)
+    monkeypatch.setenv("MEMSHELF_EMBED_WRITE_TIMEOUT", "0.25")
+    monkeypatch.setenv("MEMSHELF_EMBED_SEARCH_TIMEOUT", "7")
+    assert (write_timeout(), search_timeout()) == (0.25, 7.0)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e9"])
+def test_an_unusable_deadline_setting_says_what_to_set(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSHELF_EMBED_WRITE_TIMEOUT", value)
+    with pytest.raises(ConfigError, match="MEMSHELF_EMBED_WRITE_TIMEOUT must be a number of seconds"):
+        write_timeout()
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), True])
+def test_an_unusable_embedder_timeout_is_refused(timeout: float) -> None:
+    with pytest.raises(EmbedderError, match="timeout must be"):
+        OllamaEmbedder(timeout=timeout)
+
+
+HUNG_SERVICES = {"silent": lambda: SilentServer(), "trickling": lambda: TricklingOllama(interval=1.0)}
+
+
+@pytest.mark.parametrize("hung", sorted(HUNG_SERVICES))
+def test_writes_and_searches_do_not_wait_for_a_hung_service(
+    hung: str, open_shelf: Callable[..., Shelf], monkeypatch: pytest.MonkeyPatch,
+    ollama_client: Callable[..., OllamaEmbedder],
+) -> None:
+    """remember, search and import give a hung embedding service their deadline, not the embedder's 30 s: the
+    memory is stored without a vector and found by keywords, the search says it degraded, and a later backfill
+    embeds what was stored."""
+    monkeypatch.setenv("MEMSHELF_EMBED_WRITE_TIMEOUT", "1")
+    monkeypatch.setenv("MEMSHELF_EMBED_SEARCH_TIMEOUT", "1")
+    owner = Owner("home", "kaleb")
+    with HUNG_SERVICES[hung]() as service:
+        shelf = open_shelf(embedder=ollama_client(host=service.url))  # the embedder's own timeout: 30 s
+        started = time.monotonic()
+        memory = shelf.remember(owner, "network", "The office printer is on 192.168.1.40.")
+        assert time.monotonic() - started < 3.0
+        assert memory.embed_model is None
+        started = time.monotonic()
+        result = shelf.search(owner, "printer")
+        assert time.monotonic() - started < 3.0
+        started = time.monotonic()
+        assert shelf.import_(Owner("home", "maya"), shelf.export(owner))["memories"] == 1
+        assert time.monotonic() - started < 3.0
+    assert result.degraded and "did not answer in time" in result.reason
+    assert [hit.memory.id for hit in result] == [memory.id]
+    with FakeOllama() as fake:
+        healthy = open_shelf(embedder=ollama_client(host=fake.url))
+        assert healthy.backfill() == 2
+        found = healthy.search(owner, "where is the office printer", mode="semantic")
+    assert [hit.memory.id for hit in found] == [memory.id]
+
+
+def test_an_embedder_without_deadline_support_still_works(open_shelf: Callable[..., Shelf]) -> None:
+    class Plain:  # a third-party embedder: one method and a model name, nothing else
+        model = "plain:hash"
+
+        def embed_batch(self, texts: list[str]) -> np.ndarray:
+            return np.asarray([hash_vector(text, 16) for text in texts], dtype=np.float32).reshape(len(texts), 16)
+
+    shelf = open_shelf(embedder=Plain())
+    owner = Owner("home", "kaleb")
+    stored = shelf.remember(owner, "network", "The printer jams on thick paper.")
+    given = shelf.remember_many(owner, [{"topic": "t", "content": "coffee at seven",
+                                         "vector": hash_vector("coffee at seven", 16)}])[0]
+    assert (stored.embed_model, given.embed_model) == ("plain:hash", "plain:hash")
+    with pytest.raises(DimensionMismatch, match="plain:hash"):
+        shelf.remember_many(owner, [{"topic": "t", "content": "x", "vector": [1.0, 0.0]}])
+    result = shelf.search(owner, "printer paper", mode="semantic")
+    assert result[0].memory.id == stored.id and not result.degraded
+
+
+# --- precomputed vectors are checked without asking the service --------------------------------------------------
+
+DOWN_SERVICES = {
+    "ollama": (FakeOllama, lambda url: OllamaEmbedder(host=url), "ollama:nomic-embed-text"),
+    "openai": (FakeOpenAI, lambda url: OpenAIEmbedder(base_url=url), "openai:text-embedding-3-small"),
+}
+
+
+def _vector_item(text: str, dims: int = 64) -> dict[str, object]:
+    return {"topic": "notes", "content": text, "vector": hash_vector(text, dims)}
+
+
+@pytest.mark.parametrize("provider", sorted(DOWN_SERVICES))
+def test_precomputed_vectors_are_checked_by_what_is_stored_while_the_service_is_down(
+    provider: str, open_shelf: Callable[..., Shelf]
+) -> None:
+    fake_class, make, stamp = DOWN_SERVICES[provider]
+    owner = Owner("home", "kaleb")
+    service = fake_class().start()
+    up = make(service.url)
+    open_shelf(embedder=up).remember(owner, "notes", "made while the service was up")
+    service.stop()
+    down = make(service.url)  # a new process: the embedder has never heard from the service
+    shelf = open_shelf(embedder=down)
+    try:
+        kept = shelf.remember_many(owner, [_vector_item("the printer jams"), _vector_item("coffee")])
+        assert [m.embed_model for m in kept] == [stamp, stamp]
+        with pytest.raises(DimensionMismatch) as caught:
+            shelf.remember_many(owner, [_vector_item("fine"), _vector_item("too short", 32)])
+        message = str(caught.value)
+        assert f"32 dimensions but {stamp} makes 64-d vectors (as the vectors home/kaleb has stored show)" in message
+        assert "Nothing was stored" in message
+        memories, _ = shelf.list_memories(owner)
+        assert len(memories) == 3
+        found = shelf.search(owner, "printer jams", mode="keyword")
+        assert found[0].memory.id == kept[0].id
+    finally:
+        up.close()
+        down.close()
+
+
+@pytest.mark.parametrize("provider", sorted(DOWN_SERVICES))
+def test_precomputed_vectors_of_a_new_owner_use_what_the_embedder_learned(
+    provider: str, open_shelf: Callable[..., Shelf]
+) -> None:
+    fake_class, make, stamp = DOWN_SERVICES[provider]
+    service = fake_class().start()
+    embedder = make(service.url)
+    embedder.embed("the service answers once")
+    service.stop()
+    shelf = open_shelf(embedder=embedder)
+    newcomer = Owner("home", "maya")
+    try:
+        with pytest.raises(DimensionMismatch, match=f"{stamp} makes 64-d vectors \\(as the embedder reports\\)"):
+            shelf.remember_many(newcomer, [_vector_item("wrong model", 32)])
+        assert shelf.remember_many(newcomer, [_vector_item("right model")])[0].embed_model == stamp
+    finally:
+        embedder.close()
+
+
+def test_when_nothing_is_known_the_first_vector_sets_the_length(open_shelf: Callable[..., Shelf]) -> None:
+    service = FakeOllama().start()
+    service.stop()
+    embedder = OllamaEmbedder(host=service.url)
+    shelf = open_shelf(embedder=embedder)
+    owner = Owner("home", "kaleb")
+    try:
+        with pytest.raises(DimensionMismatch, match="makes 48-d vectors \\(as the first vector of this batch says\\)"):
+            shelf.remember_many(owner, [_vector_item("a", 48), _vector_item("b", 64)])
+        assert shelf.list_memories(owner)[0] == []
+        assert shelf.remember_many(owner, [_vector_item("a", 48)])[0].embed_model == "ollama:nomic-embed-text"
+        with pytest.raises(DimensionMismatch, match=r"makes 48-d vectors \(as the vectors home/kaleb has stored"):
+            shelf.remember_many(owner, [_vector_item("b", 64)])
+    finally:
+        embedder.close()
 
 
 # --- the real offline model ----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from psycopg import sql
 from fakes import HashEmbedder
 
 from memshelf import DimensionMismatch, Owner, Shelf
-from memshelf.migrate import MigrationMismatch, copy_store, migrate, owner_check
+from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
 from memshelf.model import Memory
 from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names
 from memshelf.stores.postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
@@ -419,7 +419,7 @@ def test_an_interrupted_migration_resumes_and_a_diverged_destination_is_refused(
         assert [owner_check(dest, o) for o in owners] == [owner_check(source, o) for o in owners]
 
         dest.set_fact(owners[0], "extra", "only here", "stated", T0)
-        with pytest.raises(MigrationMismatch, match="acme/maya differs.*migrate into an empty destination"):
+        with pytest.raises(MigrationConflict, match="acme/maya.*migrate into another, empty destination"):
             copy_store(source, dest)
     finally:
         source.close()

@@ -317,7 +317,10 @@ def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON L
 @app.command()
 def migrate(ctx: typer.Context, source: str = typer.Argument(..., help="Path or URL to copy from."),
             dest: str = typer.Argument(..., help="Path or URL to copy to.")) -> None:
-    """Copy everything from one backend to another (e.g. SQLite to PostgreSQL), resumable and verified."""
+    """Copy everything from one backend to another (e.g. SQLite to PostgreSQL), resumable and verified.
+
+    Refused, before anything is created or written, when SOURCE is not a memshelf store or DEST already holds
+    records of a SOURCE owner that an earlier run of this migration did not copy."""
     from .migrate import migrate as copy_everything
 
     s = _settings(ctx)

@@ -6,21 +6,30 @@ methods skip ids and texts the destination already has, and fact history is copi
 running it again after an interruption finishes the job. At the end each owner is verified on both sides by
 counts and a sha256 over its sorted records; a difference raises MigrationMismatch.
 
+Two things are refused before anything is created or written: a source that is not a memshelf store (a SQLite
+path that does not exist, a PostgreSQL database without memshelf's tables), and a destination that already holds
+records of a source owner which this migration did not put there (MigrationConflict). What a previous, interrupted
+run copied is told apart by content: every destination record of that owner is one of the source's records,
+identical field by field. Anything else (another id, text, count or fact value) is someone else's data.
+
 API keys are copied with their hashes (secrets are never known), revoked ones included.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
-from .errors import MemshelfError
+from .errors import InvalidInput, MemshelfError
 from .model import FactChange, Memory, Owner
 from .stores.base import Store, open_store
 
@@ -32,6 +41,13 @@ Progress = Callable[[int, int], None]
 
 class MigrationMismatch(MemshelfError):
     """After copying, an owner's records differ between source and destination."""
+
+
+class MigrationConflict(MemshelfError):
+    """The destination already holds records of a source owner that this migration did not write."""
+
+
+MAX_NAMED_OWNERS = 10
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,7 @@ def migrate(source: str, dest: str, *, batch: int = DEFAULT_BATCH, progress: Pro
     """Open both targets (paths or URLs, as Shelf.open takes them), copy, verify, close."""
     if source == dest:
         raise MemshelfError(f"source and destination are both {source!r}: name two different stores")
+    check_source(source)
     src = open_store(source)
     try:
         dst = open_store(dest)
@@ -77,6 +94,7 @@ def copy_store(source: Store, dest: Store, *, batch: int = DEFAULT_BATCH,
     report = MigrationReport()
     owners = source.owners()
     report.owners = len(owners)
+    _refuse_conflicts(source, dest, owners)
     stats = source.stats()
     total = sum(stats.get(kind, 0) for kind in ("memories", "facts", "messages"))
     done = 0
@@ -94,6 +112,86 @@ def copy_store(source: Store, dest: Store, *, batch: int = DEFAULT_BATCH,
     for owner in owners:
         report.checked.append(_verify(source, dest, owner))
     return report
+
+
+# ---------------------------------------------------------------- refusals, before anything is written
+def check_source(target: str) -> None:
+    """Refuse a source that is not a memshelf store, before opening it: opening a store creates it (a new SQLite
+    file, memshelf's tables and roles in a PostgreSQL database), which a source must never be. Backends registered
+    by plugins are opened as they are."""
+    scheme, separator, _ = target.partition("://")
+    check = _SOURCE_CHECKS.get(scheme.lower() if separator else "sqlite")
+    if check is not None:
+        check(target)
+
+
+def _check_sqlite_source(target: str) -> None:
+    path = Path(target.removeprefix("sqlite://")).expanduser()
+    if not path.is_file():
+        raise InvalidInput(f"the source {target!r} does not exist: nothing was copied or created. Check the path of "
+                           "the SQLite file to copy from (the one MEMSHELF_DB or --db named), or give a "
+                           "postgresql:// URL")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as exc:
+        raise InvalidInput(f"cannot read the source {target!r} as a SQLite database ({exc}): nothing was copied. "
+                           "Check that the path names the file memshelf wrote") from exc
+    _require_tables(target, tables)
+
+
+def _check_postgres_source(target: str) -> None:
+    try:
+        import psycopg
+
+        from .stores.postgres import _redact
+    except ImportError:
+        return  # opening the store says which extra to install
+    try:
+        with psycopg.connect(target, connect_timeout=15) as conn:
+            rows = conn.execute("SELECT c.relname FROM pg_class c WHERE c.relkind IN ('r', 'p')"
+                                " AND c.relname = ANY(%s) AND pg_table_is_visible(c.oid)",
+                                (sorted(_REQUIRED_TABLES),)).fetchall()
+    except psycopg.Error as exc:
+        raise InvalidInput(f"cannot read the source {_redact(target)} ({str(exc).strip()}): nothing was copied. "
+                           "Check the URL, that the database exists and that the server is running") from exc
+    _require_tables(_redact(target), {r[0] for r in rows})
+
+
+_REQUIRED_TABLES = {"memshelf_migrations", "memories"}
+_SOURCE_CHECKS: dict[str, Callable[[str], None]] = {
+    "sqlite": _check_sqlite_source, "postgresql": _check_postgres_source, "postgres": _check_postgres_source}
+
+
+def _require_tables(where: str, tables: set[str]) -> None:
+    if not _REQUIRED_TABLES <= tables:
+        raise InvalidInput(f"the source {where} has no memshelf tables: nothing was copied or created. Check that "
+                           "it names the store memshelf wrote to (source first, destination second)")
+
+
+def _refuse_conflicts(source: Store, dest: Store, owners: Sequence[Owner]) -> None:
+    """Refuse, before writing, when the destination holds records of a source owner that are not a previous run of
+    this migration (see the module docstring)."""
+    clashes = [owner for owner in owners if not _is_earlier_copy(source, dest, owner)]
+    if not clashes:
+        return
+    named = ", ".join(str(o) for o in clashes[:MAX_NAMED_OWNERS])
+    more = f" and {len(clashes) - MAX_NAMED_OWNERS} more" if len(clashes) > MAX_NAMED_OWNERS else ""
+    raise MigrationConflict(
+        f"the destination already holds records of {len(clashes)} source owner(s) that this migration did not "
+        f"write: {named}{more}. Nothing was copied. Erase those owners in the destination (memshelf --db DEST "
+        "--tenant T --user U forget-user --yes), or migrate into another, empty destination. (What an interrupted "
+        "run of this same migration copied is not a conflict: rerunning it finishes the job.)")
+
+
+def _is_earlier_copy(source: Store, dest: Store, owner: Owner) -> bool:
+    """Whether every record the destination has of this owner is one of the source's, identical (as a multiset:
+    fact history has no ids). The source is read only for owners the destination already has records of."""
+    present = owner_lines(dest, owner)
+    if not any(present.values()):
+        return True
+    wanted = owner_lines(source, owner)
+    return all(not Counter(lines) - Counter(wanted[kind]) for kind, lines in present.items())
 
 
 def _copy_owner(source: Store, dest: Store, owner: Owner, batch: int, report: MigrationReport,
@@ -147,19 +245,28 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 # ---------------------------------------------------------------- verification
+def owner_lines(store: Store, owner: Owner) -> dict[str, list[str]]:
+    """The owner's records by kind, each as one canonical JSON line, sorted so that insertion order does not
+    matter: what verification hashes and what the conflict check compares."""
+    return {
+        "memory": sorted(json.dumps(_memory_record(m, v), sort_keys=True) for m, v in store.iter_memories(owner, None)),
+        "fact": sorted(json.dumps([f.key, f.value, f.source, _iso(f.updated_at)]) for f in store.facts(owner)),
+        "fact_change": sorted(json.dumps([c.key, c.value, c.source, _iso(c.set_at)])
+                              for c in store.fact_history(owner, None)),
+        "message": sorted(json.dumps([m.id, m.thread, m.role, m.content, _iso(m.created_at), _iso(m.expires_at)])
+                          for m in store.messages(owner, None, EVERYTHING, None)),
+    }
+
+
 def owner_check(store: Store, owner: Owner) -> OwnerCheck:
     """Counts and a sha256 over the owner's records, sorted so that insertion order does not matter."""
-    memories = sorted(json.dumps(_memory_record(m, v), sort_keys=True) for m, v in store.iter_memories(owner, None))
-    facts = sorted(json.dumps([f.key, f.value, f.source, _iso(f.updated_at)]) for f in store.facts(owner))
-    changes = sorted(json.dumps([c.key, c.value, c.source, _iso(c.set_at)]) for c in store.fact_history(owner, None))
-    messages = sorted(json.dumps([m.id, m.thread, m.role, m.content, _iso(m.created_at), _iso(m.expires_at)])
-                      for m in store.messages(owner, None, EVERYTHING, None))
+    lines = owner_lines(store, owner)
     digest = hashlib.sha256()
-    for kind, lines in (("memory", memories), ("fact", facts), ("fact_change", changes), ("message", messages)):
-        for line in lines:
+    for kind, records in lines.items():
+        for line in records:
             digest.update(f"{kind}\t{line}\n".encode())
-    counts = {"memories": len(memories), "facts": len(facts), "fact_changes": len(changes),
-              "messages": len(messages)}
+    counts = {"memories": len(lines["memory"]), "facts": len(lines["fact"]),
+              "fact_changes": len(lines["fact_change"]), "messages": len(lines["message"])}
     return OwnerCheck(owner, counts, digest.hexdigest())
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import context as ctx
-from .embedders.base import Embedder, default_embedder_spec, resolve_embedder
+from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, resolve_embedder,
+                              search_timeout, write_timeout)
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound, UnknownSource
 from .ids import new_id
 from .keywords import keywords
@@ -146,7 +147,7 @@ class Shelf:
         batch = [self._new_memory(item, now) for item in items]
         if not batch:
             return []
-        self._embed_new(batch)
+        self._embed_new(owner, batch)
         return self.store.add_memories(owner, batch, now)
 
     def _new_memory(self, item: Mapping[str, Any], now: datetime) -> NewMemory:
@@ -166,6 +167,8 @@ class Shelf:
         return new
 
     def _check_vector(self, vector: object) -> tuple[bytes, str]:
+        """A precomputed vector as a stored blob, stamped with the configured model. Its length is checked with the
+        whole batch, in `_embed_new`, without asking the embedding service."""
         if self.embedder is None:
             raise InvalidInput("a vector was given but no embedder is configured: open the shelf with the "
                                "embedder whose model made the vector")
@@ -173,30 +176,60 @@ class Shelf:
             array = np.asarray(vector, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise InvalidInput("vector must be a list of numbers") from exc
-        expected = self.embedder.dimensions
-        if array.ndim != 1 or array.shape[0] != expected:
-            raise DimensionMismatch(
-                f"the vector has {array.size} dimensions but the configured embedder {self.embedder.model} makes "
-                f"{expected}-d vectors: embed with {self.embedder.model}, or open the shelf with the model that "
-                "made this vector")
+        if array.ndim != 1 or array.size == 0:
+            raise InvalidInput(f"vector must be a flat, non-empty list of numbers, got shape {array.shape}")
         if not np.all(np.isfinite(array)):
             raise InvalidInput("vector contains NaN or infinity: pass finite numbers")
         return pack(array), self.embedder.model
 
-    def _embed_new(self, batch: Sequence[NewMemory]) -> None:
-        """Embed what has no vector yet. When the embedder is down the memories are stored anyway, keyword
-        searchable, and the next backfill gives them vectors: nothing is lost."""
-        todo = [m for m in batch if m.vector is None]
-        if self.embedder is None or not todo:
+    def _embed_new(self, owner: Owner, batch: Sequence[NewMemory]) -> None:
+        """Embed what has no vector yet, and check the length of the vectors that came with the batch.
+
+        Writes never wait for the embedding service: it gets MEMSHELF_EMBED_WRITE_TIMEOUT seconds in all, and when
+        it is down, hung or slow the memories are stored anyway, keyword searchable, and the next backfill gives
+        them vectors: nothing is lost."""
+        if self.embedder is None:
             return
+        todo = [m for m in batch if m.vector is None]
+        vectors = self._embed_for_write(todo) if todo else None
+        self._check_dimensions(owner, [m for m in batch if m.vector is not None],
+                               None if vectors is None else int(vectors.shape[1]))
+        for memory, vector in zip(todo, () if vectors is None else vectors):
+            memory.vector, memory.embed_model = pack(vector), self.embedder.model
+
+    def _embed_for_write(self, todo: Sequence[NewMemory]) -> np.ndarray | None:
+        """The vectors of these memories, or None when the service did not make them within the write deadline."""
+        assert self.embedder is not None
         try:
-            vectors = self.embedder.embed_batch([m.content for m in todo])
+            with embedding_deadline(write_timeout()):
+                return self.embedder.embed_batch([m.content for m in todo])
         except EmbedderUnavailable as exc:
             log.warning("embedder unavailable, storing %d memories without vectors (run backfill later): %s",
                         len(todo), exc)
+            return None
+
+    def _check_dimensions(self, owner: Owner, given: Sequence[NewMemory], fresh: int | None) -> None:
+        """Refuse precomputed vectors whose length is not the model's. The length is known without asking the
+        service: from vectors it just made, from the embedder, or from this owner's stored vectors of the model.
+        When nothing is known, the first vector of the batch sets it (and once stored, the store knows it)."""
+        if not given:
             return
-        for memory, vector in zip(todo, vectors):
-            memory.vector, memory.embed_model = pack(vector), self.embedder.model
+        assert self.embedder is not None
+        model = self.embedder.model
+        expected, basis = fresh, "as the embedder reports"
+        if expected is None:
+            expected = known_dimensions(self.embedder)
+        if expected is None:
+            expected, basis = self.store.vector_dimensions(owner, model), f"as the vectors {owner} has stored show"
+        if expected is None:
+            expected, basis = len(given[0].vector or b"") // 4, "as the first vector of this batch says"
+        for memory in given:
+            length = len(memory.vector or b"") // 4
+            if length != expected:
+                raise DimensionMismatch(
+                    f"a given vector has {length} dimensions but {model} makes {expected}-d vectors ({basis}): "
+                    f"the vector comes from another model than {model}. Nothing was stored; embed the text with "
+                    f"{model}, or open the shelf with the embedder of the model that made the vector")
 
     def get(self, owner: Owner, memory_id: str) -> Memory:
         found = self.store.get_memory(_check_owner(owner), self._check_id(memory_id), self.now())
@@ -253,7 +286,8 @@ class Shelf:
         if mode == "keyword":
             return self._keyword(owner, terms, limit, now)
         try:
-            query = self.embedder.embed(question)  # type: ignore[union-attr]
+            with embedding_deadline(search_timeout()):
+                query = self.embedder.embed_batch([question])[0]  # type: ignore[union-attr]
         except EmbedderUnavailable as exc:
             log.warning("embedder unavailable, searching by keywords only: %s", exc)
             result = self._keyword(owner, terms, limit, now)
@@ -463,7 +497,8 @@ class Shelf:
         try:
             for start in range(0, len(todo), IMPORT_BATCH):
                 chunk = todo[start:start + IMPORT_BATCH]
-                vectors = self.embedder.embed_batch([memories[i].content for i in chunk])
+                with embedding_deadline(write_timeout()):
+                    vectors = self.embedder.embed_batch([memories[i].content for i in chunk])
                 for i, vector in zip(chunk, vectors):
                     memories[i] = replace(memories[i], embed_model=model)
                     blobs[i] = pack(vector)

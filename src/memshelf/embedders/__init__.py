@@ -7,7 +7,8 @@ local model's torch stack loads on its first use.
 
 from __future__ import annotations
 
-from .base import Embedder, default_embedder_spec, register_embedder, registered_providers, resolve_embedder
+from .base import (Embedder, default_embedder_spec, embedding_deadline, embedding_time_left, register_embedder,
+                   registered_providers, resolve_embedder)
 from .local import LocalEmbedder
 from .ollama import OllamaEmbedder
 from .openai import OpenAIEmbedder
@@ -18,6 +19,8 @@ __all__ = [
     "OllamaEmbedder",
     "OpenAIEmbedder",
     "default_embedder_spec",
+    "embedding_deadline",
+    "embedding_time_left",
     "register_embedder",
     "registered_providers",
     "resolve_embedder",

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 
-from ..errors import DimensionMismatch, EmbedderError
+from ..errors import ConfigError, DimensionMismatch, EmbedderError
 
 
 class Embedder(ABC):
@@ -26,7 +30,9 @@ class Embedder(ABC):
         """Return a float32 array of shape (len(texts), dimensions), one row per text, in order.
 
         Raise EmbedderUnavailable when the service cannot be reached (refused, timeout, HTTP 5xx), so callers can
-        fall back to keyword search; EmbedderError for anything a retry will not fix.
+        fall back to keyword search; EmbedderError for anything a retry will not fix. An embedder that calls a
+        service should give up by the caller's deadline (`embedding_time_left()`); one that ignores it still works,
+        without that bound.
         """
 
     @property
@@ -43,6 +49,75 @@ class Embedder(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.model}>"
+
+
+def known_dimensions(embedder: Embedder) -> int | None:
+    """The embedder's vector length if it is known without embedding anything: declared up front by the provider
+    (it overrides `dimensions`, as the local model does) or learned from an earlier reply. None for a service that
+    has not answered yet, so asking never waits for one."""
+    declared = getattr(type(embedder), "dimensions", None)
+    if declared is Embedder.dimensions or declared is None:
+        cached = getattr(embedder, "_dimensions", None)
+        return cached if isinstance(cached, int) else None
+    value = embedder.dimensions
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# ---------------------------------------------------------------- deadlines
+_DEADLINE: ContextVar[float | None] = ContextVar("memshelf_embedding_deadline", default=None)
+WRITE_TIMEOUT = 3.0
+"""Seconds a write (remember, remember_many, import) gives the embedding service before storing without vectors."""
+SEARCH_TIMEOUT = 10.0
+"""Seconds a search gives the embedding service before answering from keywords alone (degraded)."""
+MAX_TIMEOUT = 86_400.0
+
+
+@contextmanager
+def embedding_deadline(seconds: float | None) -> Iterator[None]:
+    """Every embedding request made inside the block must be done within `seconds` (wall clock over connecting,
+    sending and every read), else it fails with EmbedderUnavailable. A nested block never extends an outer one:
+    the earlier deadline wins. None adds no deadline. Thread- and async-safe (a context variable)."""
+    if seconds is None:
+        yield
+        return
+    deadline = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(deadline if outer is None else min(outer, deadline))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def embedding_time_left() -> float | None:
+    """Seconds left before the current embedding deadline (zero or less once it has passed); None when there is
+    none. An embedder that calls a service reads this to give up in time."""
+    deadline = _DEADLINE.get()
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def write_timeout() -> float:
+    """The write path's deadline for embedding: MEMSHELF_EMBED_WRITE_TIMEOUT, else WRITE_TIMEOUT."""
+    return _seconds_setting("MEMSHELF_EMBED_WRITE_TIMEOUT", WRITE_TIMEOUT)
+
+
+def search_timeout() -> float:
+    """A search's deadline for embedding the question: MEMSHELF_EMBED_SEARCH_TIMEOUT, else SEARCH_TIMEOUT."""
+    return _seconds_setting("MEMSHELF_EMBED_SEARCH_TIMEOUT", SEARCH_TIMEOUT)
+
+
+def _seconds_setting(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ConfigError(f"{name} must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, such as "
+                          f"{default:g}; got {raw!r}")
+    return seconds
 
 
 def as_matrix(rows: object, model: str, expected: int | None = None) -> np.ndarray:

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 
 from ..errors import EmbedderError
-from ._http import HttpEmbedder
-from .base import register_embedder
+from ._http import HttpEmbedder, deadline_client
+from .base import MAX_TIMEOUT, register_embedder
 
 DEFAULT_MODEL = "nomic-embed-text"
 DEFAULT_PORT = 11434
@@ -97,6 +97,8 @@ class OllamaEmbedder(HttpEmbedder):
     ) -> None:
         if batch_size < 1:
             raise EmbedderError(f"batch_size must be at least 1, got {batch_size}: pass a positive number")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+            raise EmbedderError(f"timeout must be the seconds one request may take in all (above 0), got {timeout!r}")
         self.model_name = model
         self.model = f"ollama:{model}"
         self.host = resolve_ollama_host(host)
@@ -104,7 +106,8 @@ class OllamaEmbedder(HttpEmbedder):
         self.batch_size = batch_size
         self._dimensions: int | None = None
         self._legacy = False  # set once the server shows it predates /api/embed
-        self._client = httpx.Client(base_url=self.host, timeout=timeout)
+        self.timeout = timeout
+        self._client = deadline_client(timeout, base_url=self.host)
 
     def _finish(self, matrix: np.ndarray) -> np.ndarray:
         return _normalized(matrix)

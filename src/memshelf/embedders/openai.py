@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 from ..errors import EmbedderError
-from ._http import HttpEmbedder
-from .base import register_embedder
+from ._http import HttpEmbedder, deadline_client
+from .base import MAX_TIMEOUT, register_embedder
 
 DEFAULT_MODEL = "text-embedding-3-small"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -55,6 +55,8 @@ class OpenAIEmbedder(HttpEmbedder):
     ) -> None:
         if batch_size < 1:
             raise EmbedderError(f"batch_size must be at least 1, got {batch_size}: pass a positive number")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+            raise EmbedderError(f"timeout must be the seconds one request may take in all (above 0), got {timeout!r}")
         if dimensions is not None and dimensions < 1:
             raise EmbedderError(f"dimensions must be at least 1, got {dimensions}: pass a positive number or None")
         self.model_name = model
@@ -66,7 +68,8 @@ class OpenAIEmbedder(HttpEmbedder):
         self._dimensions: int | None = dimensions
         key = api_key or os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._client = httpx.Client(timeout=timeout, headers=headers)
+        self.timeout = timeout
+        self._client = deadline_client(timeout, headers=headers)
 
     def _embed_chunk(self, chunk: list[str]) -> list[Any]:
         payload: dict[str, Any] = {"model": self.model_name, "input": chunk}

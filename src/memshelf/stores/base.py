@@ -152,6 +152,11 @@ class Store(ABC):
     @abstractmethod
     def count_pending_vectors(self, model: str) -> int: ...
 
+    def vector_dimensions(self, owner: Owner, model: str) -> int | None:
+        """The length of the owner's stored vectors of `model` (None when it has none): how a precomputed vector is
+        checked while the embedding service is down. A backend that cannot tell returns None."""
+        return None
+
     @abstractmethod
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
         """Store vectors by Pending.key (backfill)."""

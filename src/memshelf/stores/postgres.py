@@ -677,6 +677,13 @@ class PostgresStore(Store):
             return cur.execute("SELECT count(*) FROM memories WHERE embed_model IS NULL OR embed_model <> %s"
                                " OR embedding IS NULL", (model,)).fetchone()[0]
 
+    def vector_dimensions(self, owner: Owner, model: str) -> int | None:
+        with self._tenant(owner.tenant) as cur:
+            row = cur.execute("SELECT vector_dims(embedding) FROM memories WHERE tenant = %s AND user_id = %s"
+                              " AND embed_model = %s AND embedding IS NOT NULL LIMIT 1",
+                              (owner.tenant, owner.user, model)).fetchone()
+        return None if row is None else int(row[0])
+
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
         rows = list(rows)
         with self._admin() as cur:

@@ -404,6 +404,11 @@ class SQLiteStore(Store):
         return self._q("SELECT count(*) FROM memories WHERE embed_model IS NULL OR embed_model != ?"
                        " OR embedding IS NULL", (model,)).fetchone()[0]
 
+    def vector_dimensions(self, owner: Owner, model: str) -> int | None:
+        row = self._q("SELECT length(embedding) / 4 FROM memories WHERE tenant = ? AND user_id = ? AND embed_model = ?"
+                      " AND embedding IS NOT NULL LIMIT 1", (owner.tenant, owner.user, model)).fetchone()
+        return None if row is None else int(row[0])
+
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
         with self.atomic():
             for key, blob in rows:
