@@ -185,6 +185,51 @@ def test_the_wall_refuses_writing_into_another_tenant(two_tenants):
             conn.execute("INSERT INTO facts VALUES ('wall-b', 'bob', 'k', 'v', 'stated', now())")
 
 
+@pytest.fixture(scope="module")
+def login_role(pg_server):
+    """The README's production setup, filled through memshelf: two tenants with every kind of record."""
+    url, role = pg_server.login_role_database()
+    with Shelf.open(url, embedder=None) as shelf:
+        _fill(shelf, Owner("wall-a", "alice"), "stapler")
+        _fill(shelf, Owner("wall-b", "bob"), "compass")
+        shelf.create_key("wall-b", "bob's key")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+                            ).fetchone() == (False,)
+        assert conn.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'memories'").fetchone() == (role,)
+    return url
+
+
+@pytest.mark.parametrize("table", OWNER_TABLES)
+def test_the_documented_login_role_sees_nothing_unless_a_tenant_is_set(login_role, table):
+    """Connected as memshelf's login role and acting as nothing else (no SET ROLE): a query with no filter sees
+    no row without a tenant, and only that tenant's rows with one."""
+    assert _unfiltered(login_role, table, role=None, tenant=None) == []
+    assert _unfiltered(login_role, table, role=None, tenant="") == []
+    seen = set(_unfiltered(login_role, table, role=None, tenant="wall-a"))
+    assert seen <= {("wall-a",)} and (seen or table == "api_keys")
+    assert _unfiltered(login_role, table, role=APP_ROLE, tenant=None) == []
+
+
+def test_the_documented_login_role_runs_every_operation(login_role, tmp_path):
+    """Owner operations through memshelf_app and admin ones (owners, purge, keys, tenant erasure, migration)
+    through memshelf_admin, all from the login role."""
+    store = PostgresStore(login_role)
+    try:
+        assert {(o.tenant, o.user) for o in store.owners()} == {("wall-a", "alice"), ("wall-b", "bob")}
+        assert [k.tenant for k in store.list_keys(None)] == ["wall-b"]
+        assert store.purge_expired(datetime.now(UTC) + timedelta(days=3650)).messages == 2
+        assert store.erase_tenant("wall-a").facts == 1
+        assert [o.tenant for o in store.owners()] == ["wall-b"]
+    finally:
+        store.close()
+    with Shelf.open(str(tmp_path / "local.db"), embedder=None) as local:
+        _fill(local, Owner("moved", "mo"), "kettle")
+    assert migrate(str(tmp_path / "local.db"), login_role).owners == 1
+    with Shelf.open(login_role, embedder=None) as shelf:
+        assert [h.memory.content for h in shelf.search(Owner("moved", "mo"), "kettle")] == ["mo keeps a kettle in the drawer"]
+
+
 # ---------------------------------------------------------------- owner-filtered vector search
 DIMS = 48
 TENANTS = 100

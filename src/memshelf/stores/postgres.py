@@ -11,8 +11,10 @@ Tenant isolation has two walls:
    `SET LOCAL ROLE memshelf_app` and `set_config('memshelf.tenant', <the owner's tenant>, true)`, so a query that
    forgot its filter still sees only that tenant, and a connection with no tenant set sees nothing.
    Admin operations (backfill, purge_expired, owners, API keys) run as `memshelf_admin`, the one role a second
-   policy lets see every tenant. Switching role per transaction is what makes the wall hold even when the login
-   role is a superuser (superusers and BYPASSRLS roles skip every policy, FORCE or not).
+   policy lets see every tenant, and only while it is the role in effect (`current_user`), not for its members
+   (m005): the login role itself, connected and acting as nothing else, sees nothing until a tenant is set.
+   Switching role per transaction is also what makes the wall hold when the login role is a superuser
+   (superusers and BYPASSRLS roles skip every policy, FORCE or not).
 
 What a production deployment needs:
 
