@@ -170,4 +170,15 @@ CREATE INDEX memories_owner_topic ON memories (tenant, user_id, topic, pk);
     # tenant. The admin policy now holds only while the role in effect IS memshelf_admin (after SET ROLE), and an
     # empty memshelf.tenant is the same as none.
     ("m005_admin_policy_only_as_admin", _ADMIN_ONLY_AS_ADMIN),
+    # Erasures queue the tables they touched, in the erasing transaction; the store's upkeep thread (or
+    # PostgresStore.scrub()) VACUUMs and reindexes them and deletes the rows it handled (postgres_upkeep.py).
+    ("m006_scrub_queue", f"""
+CREATE TABLE memshelf_scrub (
+    pk        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    relation  text NOT NULL CHECK (relation IN ({", ".join(f"'{t}'" for t in OWNER_TABLES)})),
+    erased_at timestamptz NOT NULL DEFAULT now()
+);
+GRANT INSERT ON memshelf_scrub TO {APP_ROLE}, {ADMIN_ROLE};
+GRANT USAGE ON SEQUENCE memshelf_scrub_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
+"""),
 ]
