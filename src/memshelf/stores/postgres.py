@@ -19,7 +19,7 @@ Tenant isolation has two walls:
 What a production deployment needs:
 
 - a login role that is NOT a superuser and does NOT have BYPASSRLS, owning memshelf's tables (it runs the
-  migrations, and creates the vector indexes when a new embedding model is first seen);
+  migrations, builds the vector indexes and scrubs erased rows; pg_checkpoint lets the scrub checkpoint at once);
 - the roles `memshelf_app` and `memshelf_admin` (NOLOGIN), and the login role a member of both. The migration
   creates them when the login role may (superuser or CREATEROLE); otherwise a superuser runs once:
   `CREATE ROLE memshelf_app NOLOGIN; CREATE ROLE memshelf_admin NOLOGIN;
@@ -28,8 +28,11 @@ What a production deployment needs:
   outside memshelf, is walled too.
 
 Vectors: one `vector` column without a fixed dimension, kept in the row rather than in TOAST (m003). Each
-(model, dimensions) pair first seen gets two partial indexes, both `WHERE embed_model = '<model>' AND
-vector_dims(embedding) = d`; searches repeat the predicate so the planner can use them:
+(model, dimensions) pair the store serves gets two partial indexes, both `WHERE embed_model = '<model>' AND
+vector_dims(embedding) = d`; searches repeat the predicate so the planner can use them. A store serves the models
+of its own vectors (add_memories, set_vectors, vector_search, serve_model), never the stamps of imported rows; the
+indexes are built CONCURRENTLY by the upkeep thread (postgres_upkeep.py), and searches are exact until they are
+valid:
 
 - a covering btree on (tenant, user_id) INCLUDE (pk, confidence, expires_at, embedding), for vectors of up to 512
   dimensions and owner keys of up to 512 bytes (so every entry fits in a btree page). An owner with at most
@@ -51,12 +54,11 @@ the CONTEXT_TURNS memories the owner stored before under the same topic, weight 
 the row's own words); a row is found only by its own words either way.
 
 Erasure deletes every row of the user or tenant (the tsvectors and vector live in the row, so they go with it);
-deleting or purging single memories also rewrites the context of the memories that followed them. Then,
-when not inside an outer transaction, the store runs VACUUM on the touched tables so dead tuples and index entries are
-removed at once rather than at the next autovacuum. As with any PostgreSQL deletion, old bytes can remain in
-free space within pages and in WAL segments until they are overwritten or recycled; erasing those needs
-encrypted storage and WAL retention to match your policy. Set MEMSHELF_PG_VACUUM_ON_ERASE=0 to leave it to
-autovacuum (faster erasure on very large tables).
+deleting or purging single memories also rewrites the context of the memories that followed them. Each erasure
+queues the tables it touched in memshelf_scrub; the upkeep thread scrubs them MEMSHELF_PG_SCRUB_DELAY seconds
+later (default 60), off the request path: VACUUM, REINDEX TABLE CONCURRENTLY and CHECKPOINT (MEMSHELF_PG_SCRUB=
+vacuum, the default), or VACUUM FULL (=full), or not at all (=off). `scrub()` does it now. What stays where
+afterwards, WAL included, is in the README ("Erasure on PostgreSQL").
 
 Pool size: MEMSHELF_PG_POOL_SIZE (default 10) connections per store.
 """

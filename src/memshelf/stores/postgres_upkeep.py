@@ -171,6 +171,8 @@ class Upkeep:
         with self._connect() as conn:
             with self._cond:
                 self._running = conn
+                if self._closing:  # close() came while connecting, too early to cancel this connection
+                    raise StoreError("the store was closed; reopen it to finish its upkeep")
             try:
                 yield conn
             finally:
