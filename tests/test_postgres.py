@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 import threading
 from datetime import datetime, timedelta, UTC
@@ -15,7 +16,7 @@ import pytest
 from psycopg import sql
 from fakes import HashEmbedder
 
-from memshelf import DimensionMismatch, Owner, Shelf
+from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationMismatch, copy_store, migrate, owner_check
 from memshelf.model import Memory, NewMemory
 from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names, index_statements
@@ -615,6 +616,44 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
     else:
         assert set(left.values()) <= {"r", "t"}, left  # no index; at most unused space in table pages
     pg_server.drop(url)
+
+
+def _queued(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT relation FROM memshelf_scrub")}
+
+
+def _relfilenode(url: str, relation: str) -> int:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT relfilenode FROM pg_class WHERE relname = %s", (relation,)).fetchone()[0]
+
+
+def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_the_next(pg_fresh_url, monkeypatch):
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB", "off")
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        _fill(shelf, A, "thimble")
+        shelf.forget_user(A)
+    assert _queued(pg_fresh_url) == {"memories", "facts", "fact_history", "messages"}
+    gin = _relfilenode(pg_fresh_url, "memories_search")
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB", "vacuum")
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB_DELAY", "0")
+    store = PostgresStore(pg_fresh_url)
+    try:
+        deadline = time.monotonic() + 60
+        while _queued(pg_fresh_url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _queued(pg_fresh_url) == set()
+        assert _relfilenode(pg_fresh_url, "memories_search") != gin  # reindexed into a new file
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("name", "value"), [("MEMSHELF_PG_SCRUB", "sometimes"), ("MEMSHELF_PG_SCRUB_DELAY", "-1"),
+                                             ("MEMSHELF_PG_SCRUB_DELAY", "soon")])
+def test_a_bad_scrub_setting_is_refused_before_anything_is_opened(pg_fresh_url, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        PostgresStore(pg_fresh_url)
 
 
 # ---------------------------------------------------------------- migration between backends
