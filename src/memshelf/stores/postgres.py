@@ -57,8 +57,8 @@ Erasure deletes every row of the user or tenant (the tsvectors and vector live i
 deleting or purging single memories also rewrites the context of the memories that followed them. Each erasure
 queues the tables it touched in memshelf_scrub; the upkeep thread scrubs them MEMSHELF_PG_SCRUB_DELAY seconds
 later (default 60), off the request path: VACUUM, REINDEX TABLE CONCURRENTLY and CHECKPOINT (MEMSHELF_PG_SCRUB=
-vacuum, the default), or VACUUM FULL (=full), or only when `scrub()` is called (=off). `scrub()` does it now. What stays where
-afterwards, WAL included, is in the README ("Erasure on PostgreSQL").
+vacuum, the default), or VACUUM FULL (=full), or only when `scrub()` is called (=off); `scrub()` does it now.
+What stays where afterwards, WAL included, is in the README ("Erasure on PostgreSQL").
 
 Pool size: MEMSHELF_PG_POOL_SIZE (default 10) connections per store.
 """
