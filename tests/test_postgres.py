@@ -618,6 +618,31 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
     pg_server.drop(url)
 
 
+def test_a_scrub_waits_for_a_transaction_that_could_still_see_the_erased_rows(pg_server):
+    """A reader open since before the erasure (a report, a pg_dump) keeps the erased rows alive: the scrub waits
+    for it instead of finishing with the rows still in the index files."""
+    if pg_server.data_dir is None:
+        pytest.skip("needs the embedded server's data directory (MEMSHELF_TEST_DATABASE_URL is set)")
+    url = pg_server.fresh_database()
+    with Shelf.open(url, embedder=None) as shelf:
+        shelf.remember(A, "quokkatopic", SECRET)
+        reader = psycopg.connect(url)
+        reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert reader.execute("SELECT count(*) FROM memories").fetchone() == (1,)  # its snapshot sees the row
+        shelf.forget_user(A)
+        scrubbed: list[list[str]] = []
+        scrubber = threading.Thread(target=lambda: scrubbed.append(shelf.store.scrub()))
+        scrubber.start()
+        scrubber.join(3)
+        assert scrubber.is_alive()  # waiting for the reader
+        reader.rollback()
+        reader.close()
+        scrubber.join(60)
+        assert scrubbed == [["memories"]]
+    assert set(_files_holding(pg_server.data_dir, url, [b"quokkavault", b"quokkatopic"]).values()) <= {"r", "t"}
+    pg_server.drop(url)
+
+
 def _queued(url: str) -> set[str]:
     with psycopg.connect(url) as conn:
         return {r[0] for r in conn.execute("SELECT relation FROM memshelf_scrub")}

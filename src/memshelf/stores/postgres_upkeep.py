@@ -215,10 +215,10 @@ class Upkeep:
     def scrub(self, full: bool | None) -> list[str]:
         """Scrub every table with erasures queued in memshelf_scrub, now; returns those tables.
 
-        vacuum: VACUUM them (dead rows, their TOAST chunks and index entries go; empty pages at the end are cut
-        off), REINDEX TABLE CONCURRENTLY (fresh index files without the erased keys, vectors and owner ids; the old
-        files are deleted), then CHECKPOINT. full: VACUUM FULL instead, which also rewrites the table files (the
-        tables are locked while rewritten). `full=None` follows MEMSHELF_PG_SCRUB."""
+        vacuum: REINDEX TABLE CONCURRENTLY (fresh index files without the erased keys, vectors and owner ids; the
+        old files are deleted), VACUUM (dead rows and their TOAST chunks go; empty pages at the end are cut off),
+        then CHECKPOINT. full: VACUUM FULL instead, which also rewrites the table files (the tables are locked
+        while rewritten). `full=None` follows MEMSHELF_PG_SCRUB."""
         with self._connect() as conn:
             return self._scrub_on(conn, full)
 
@@ -233,9 +233,11 @@ class Upkeep:
             if full:
                 conn.execute(sql.SQL("VACUUM (FULL) {}").format(names))
             else:
-                conn.execute(sql.SQL("VACUUM {}").format(names))
+                # Reindexing first: it waits for every transaction older than it to end, so the VACUUM after it
+                # is not kept from removing the erased rows by a snapshot that could still see them.
                 for table in sorted(tables):
                     conn.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(sql.Identifier(table)))
+                conn.execute(sql.SQL("VACUUM {}").format(names))
             self._checkpoint(conn)
             conn.execute("DELETE FROM memshelf_scrub WHERE pk = ANY(%s)", (pks,))  # only what this scrub saw
         return sorted(tables)
