@@ -643,6 +643,22 @@ def test_a_scrub_waits_for_a_transaction_that_could_still_see_the_erased_rows(pg
     pg_server.drop(url)
 
 
+def test_a_scrub_drops_the_invalid_copies_a_failed_reindex_left(pg_fresh_url):
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.set_fact(A, "colour", "blue")
+        with psycopg.connect(pg_fresh_url) as blocker, psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+            blocker.execute("LOCK TABLE facts IN ROW EXCLUSIVE MODE")
+            conn.execute("SET statement_timeout = '300ms'")
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute("REINDEX TABLE CONCURRENTLY facts")
+        with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+            leftovers = "SELECT count(*) FROM pg_indexes WHERE tablename = 'facts' AND indexname LIKE '%%ccnew%%'"
+            assert conn.execute(leftovers).fetchone()[0] > 0
+            shelf.forget_fact(A, "colour")
+            assert shelf.store.scrub() == ["fact_history", "facts"]
+            assert conn.execute(leftovers).fetchone()[0] == 0
+
+
 def _queued(url: str) -> set[str]:
     with psycopg.connect(url) as conn:
         return {r[0] for r in conn.execute("SELECT relation FROM memshelf_scrub")}

@@ -236,11 +236,22 @@ class Upkeep:
                 # Reindexing first: it waits for every transaction older than it to end, so the VACUUM after it
                 # is not kept from removing the erased rows by a snapshot that could still see them.
                 for table in sorted(tables):
+                    self._drop_failed_reindexes(conn, table)
                     conn.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(sql.Identifier(table)))
                 conn.execute(sql.SQL("VACUUM {}").format(names))
             self._checkpoint(conn)
             conn.execute("DELETE FROM memshelf_scrub WHERE pk = ANY(%s)", (pks,))  # only what this scrub saw
         return sorted(tables)
+
+    @staticmethod
+    def _drop_failed_reindexes(conn: psycopg.Connection, table: str) -> None:
+        """A REINDEX CONCURRENTLY that failed (cancelled, server restarted) leaves INVALID copies named *_ccnew or
+        *_ccold, kept up to date by every write and never used: drop them (the caller holds the DDL lock)."""
+        left = conn.execute("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                            " WHERE i.indrelid = to_regclass(%s) AND NOT i.indisvalid"
+                            " AND c.relname ~ '_cc(new|old)[0-9]*$'", (table,)).fetchall()
+        for (name,) in left:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
 
     @staticmethod
     def _checkpoint(conn: psycopg.Connection) -> None:
