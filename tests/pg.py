@@ -75,6 +75,34 @@ class PgServer:
         self._created.append(name)
         return with_database(self.url, name)
 
+    def login_role_database(self, prefix: str = "memshelf_login") -> tuple[str, str]:
+        """The production setup the README gives: a login role that is not a superuser and has no BYPASSRLS,
+        owning a database where a superuser created the extensions, and granted memshelf_app and
+        memshelf_admin. Returns (URL as that role, role name); memshelf's migrations have not run yet."""
+        from memshelf.stores.postgres_schema import ADMIN_ROLE, APP_ROLE
+
+        role, password = f"{prefix}_{secrets.token_hex(4)}", secrets.token_hex(12)
+        database = self.empty_database(prefix)
+        name = urlsplit(database).path.lstrip("/")
+        with self._admin() as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} NOSUPERUSER NOBYPASSRLS NOCREATEROLE NOCREATEDB")
+                         .format(sql.Identifier(role), sql.Literal(password)))
+            # What the README asks a superuser to run once (the template's migration already made the roles).
+            conn.execute(sql.SQL("GRANT {}, {} TO {}").format(
+                sql.Identifier(APP_ROLE), sql.Identifier(ADMIN_ROLE), sql.Identifier(role)))
+            conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role)))
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION vector")
+            conn.execute("CREATE EXTENSION unaccent")
+        parts = urlsplit(database)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        return urlunsplit(parts._replace(netloc=f"{role}:{password}@{host}")), role
+
+    @property
+    def data_dir(self) -> str | None:
+        """The embedded server's data directory (None for a server named by MEMSHELF_TEST_DATABASE_URL)."""
+        return None if self._server is None else str(self._server.pgdata)
+
     def drop(self, url: str) -> None:
         """Drop a database made here. On the embedded server this waits for nothing: DROP DATABASE forces a
         checkpoint, and the whole server is deleted at the end anyway."""

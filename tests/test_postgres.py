@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 import threading
 from datetime import datetime, timedelta, UTC
 
@@ -14,10 +16,10 @@ import pytest
 from psycopg import sql
 from fakes import HashEmbedder
 
-from memshelf import DimensionMismatch, Owner, Shelf
+from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
-from memshelf.model import Memory
-from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names
+from memshelf.model import Memory, NewMemory
+from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names, index_statements
 from memshelf.stores.postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
 from memshelf.stores.sqlite import SQLiteStore
 from memshelf.vectors import pack
@@ -79,7 +81,7 @@ def test_migrations_from_two_processes_and_threads_at_once(pg_server):
 
 def test_a_database_from_before_m003_upgrades_in_place(pg_server, monkeypatch):
     """Rows written under m001-m002 (no context, vectors wherever PostgreSQL put them) stay searchable after the
-    later migrations; the first write of their model adds the missing covering index."""
+    later migrations; the first search of their model builds the missing covering index in the background."""
     import memshelf.stores.postgres as pg_module
     from memshelf.stores.postgres import digest
 
@@ -110,6 +112,7 @@ def test_a_database_from_before_m003_upgrades_in_place(pg_server, monkeypatch):
         assert store.delete_memory(owner, "old-0")  # rewrites the context of its followers, old-1 and old-2
         store.import_memories(owner, [Memory("new-0", "notes", "A new note about the boiler.", "stated", 1.0, T0,
                                              embed_model="old-16")], [pack(block[0])])
+        assert store.wait_for_indexes(120)
         with psycopg.connect(url) as conn:
             made = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
             contexts = dict(conn.execute("SELECT id, context_search::text FROM memories WHERE id IN"
@@ -183,6 +186,56 @@ def test_the_wall_refuses_writing_into_another_tenant(two_tenants):
         conn.execute("SELECT set_config('memshelf.tenant', 'wall-a', true)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
             conn.execute("INSERT INTO facts VALUES ('wall-b', 'bob', 'k', 'v', 'stated', now())")
+
+
+@pytest.fixture(scope="module")
+def login_role(pg_server):
+    """The README's production setup, filled through memshelf: two tenants with every kind of record."""
+    url, role = pg_server.login_role_database()
+    with Shelf.open(url, embedder=None) as shelf:
+        _fill(shelf, Owner("wall-a", "alice"), "stapler")
+        _fill(shelf, Owner("wall-b", "bob"), "compass")
+        shelf.create_key("wall-b", "bob's key")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+                            ).fetchone() == (False,)
+        assert conn.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'memories'").fetchone() == (role,)
+    return url
+
+
+@pytest.mark.parametrize("table", OWNER_TABLES)
+def test_the_documented_login_role_sees_nothing_unless_a_tenant_is_set(login_role, table):
+    """Connected as memshelf's login role and acting as nothing else (no SET ROLE): a query with no filter sees
+    no row without a tenant, and only that tenant's rows with one."""
+    assert _unfiltered(login_role, table, role=None, tenant=None) == []
+    assert _unfiltered(login_role, table, role=None, tenant="") == []
+    seen = set(_unfiltered(login_role, table, role=None, tenant="wall-a"))
+    assert seen <= {("wall-a",)} and (seen or table == "api_keys")
+    assert _unfiltered(login_role, table, role=APP_ROLE, tenant=None) == []
+
+
+def test_the_documented_login_role_runs_every_operation(login_role, tmp_path):
+    """Owner operations through memshelf_app and admin ones (owners, purge, keys, tenant erasure, migration)
+    through memshelf_admin, all from the login role."""
+    store = PostgresStore(login_role)
+    try:
+        assert {(o.tenant, o.user) for o in store.owners()} == {("wall-a", "alice"), ("wall-b", "bob")}
+        assert [k.tenant for k in store.list_keys(None)] == ["wall-b"]
+        assert store.purge_expired(datetime.now(UTC) + timedelta(days=3650)).messages == 2
+        assert store.erase_tenant("wall-a").facts == 1
+        assert [o.tenant for o in store.owners()] == ["wall-b"]
+        assert store.scrub() == ["fact_history", "facts", "memories", "messages"]  # no CHECKPOINT right: skipped
+        store.add_memories(Owner("wall-b", "bob"), _new(_unit_rows(6, 5, 8), "login-8"), T0)
+        assert store.wait_for_indexes(120)
+        assert all(_index_state(login_role, "login-8", 8).values())
+    finally:
+        store.close()
+    with Shelf.open(str(tmp_path / "local.db"), embedder=None) as local:
+        _fill(local, Owner("moved", "mo"), "kettle")
+    assert migrate(str(tmp_path / "local.db"), login_role).owners == 1
+    with Shelf.open(login_role, embedder=None) as shelf:
+        found = shelf.search(Owner("moved", "mo"), "kettle")
+        assert [h.memory.content for h in found] == ["mo keeps a kettle in the drawer"]
 
 
 # ---------------------------------------------------------------- owner-filtered vector search
@@ -305,6 +358,7 @@ def test_long_owner_keys_and_wide_vectors_are_stored_and_searched_exactly(pg_url
                 found = store.vector_search(owner, model, query, K, -1.0, T0)
                 expected = np.argsort(-(block @ (query / np.linalg.norm(query))), kind="stable")[:K]
                 assert [s.memory.id for s in found] == [f"w{dims}-{i}" for i in expected]
+        assert store.wait_for_indexes(120)
         with psycopg.connect(pg_url) as conn:
             made = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
         assert set(index_names("wide-384", 384).values()) <= made  # both kinds
@@ -328,6 +382,147 @@ def test_vectors_and_search_text_stay_in_the_row(store, pg_url, dims):
                            " pg_column_size(embedding) FROM memories WHERE tenant = %s AND user_id = %s",
                            (owner.tenant, owner.user)).fetchone()
     assert row == (None, None, 8 + 4 * dims)  # in the row, and not compressed either
+
+
+# ---------------------------------------------------------------- vector indexes, built off the request path
+def _index_state(url: str, model: str, dims: int) -> dict[str, bool]:
+    """Each of the pair's indexes that exists, and whether it is valid (usable by the planner)."""
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute(
+            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE c.relname = ANY(%s)", (list(index_names(model, dims).values()),)).fetchall())
+
+
+def _memshelf_indexes(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE 'memories_hnsw_%%'"
+                                           " OR indexname LIKE 'memories_exact_%%'")]
+
+
+def _unit_rows(seed: int, n: int, dims: int) -> np.ndarray:
+    block = np.random.default_rng(seed).normal(size=(n, dims)).astype(np.float32)
+    return block / np.linalg.norm(block, axis=1, keepdims=True)
+
+
+def _new(block: np.ndarray, model: str, word: str = "note") -> list[NewMemory]:
+    return [NewMemory("notes", f"{word} {i}", "stated", 1.0, None, pack(v), model, T0) for i, v in enumerate(block)]
+
+
+def _exact_ids(block: np.ndarray, query: np.ndarray, word: str = "note") -> list[str]:
+    order = np.argsort(-(block @ (query / np.linalg.norm(query))), kind="stable")[:K]
+    return [f"{word} {i}" for i in order]
+
+
+def test_a_write_of_a_new_model_returns_at_once_and_search_is_exact_until_the_index_is_valid(pg_fresh_url):
+    """Another transaction holds a write lock on memories (any long write does): a build inside the writer's
+    transaction would wait for it, and every later write would queue behind the build."""
+    owner, model, dims = Owner("build", "bea"), "build-32", 32
+    block = _unit_rows(1, 60, dims)
+    query = block[3] + 0.3 * block[17]
+    store = PostgresStore(pg_fresh_url, exact_max_rows=0)  # HNSW as soon as it is valid, whatever the owner's size
+    blocker = psycopg.connect(pg_fresh_url)
+    try:
+        blocker.execute("LOCK TABLE memories IN ROW EXCLUSIVE MODE")
+        written = threading.Event()
+        writer = threading.Thread(target=lambda: (store.add_memories(owner, _new(block, model), T0), written.set()),
+                                  daemon=True)
+        writer.start()
+        assert written.wait(15), "the write waited for an index build"
+        assert not any(_index_state(pg_fresh_url, model, dims).values())  # the build waits for the blocker
+        found = store.vector_search(owner, model, query, K, -1.0, T0)
+        assert [s.memory.content for s in found] == _exact_ids(block, query)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    try:
+        assert store.wait_for_indexes(120)
+        assert _index_state(pg_fresh_url, model, dims) == dict.fromkeys(index_names(model, dims).values(), True)
+        found = store.vector_search(owner, model, query, K, -1.0, T0)
+        assert [s.memory.content for s in found] == _exact_ids(block, query)
+    finally:
+        store.close()
+
+
+def test_imports_of_any_model_stamp_build_no_index(pg_fresh_url, tmp_path):
+    """A tenant's imports (no embedder on the server) carry whatever model stamps they like: the server builds
+    indexes only for models it serves."""
+    records = []
+    for i in range(30):
+        with Shelf.open(str(tmp_path / f"source{i}.db"), embedder=HashEmbedder(f"stamp:{i}", 8 + i)) as source:
+            source.remember(A, "notes", f"imported note {i}")
+            records.append(list(source.export(A)))
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        for exported in records:
+            assert shelf.import_(A, exported)["memories"] == 1
+        assert shelf.store.wait_for_indexes(60)
+        assert len(shelf.search(A, "imported")) == 5
+    assert _memshelf_indexes(pg_fresh_url) == []
+
+
+def test_two_stores_racing_to_build_the_same_indexes_do_not_error(pg_fresh_url, caplog):
+    model, dims = "race-16", 16
+    first, second = PostgresStore(pg_fresh_url), PostgresStore(pg_fresh_url)
+    try:
+        first.add_memories(A, _new(_unit_rows(2, 50, dims), model), T0)
+        for store in (first, second):
+            store.serve_model(model, dims)
+        assert first.wait_for_indexes(120) and second.wait_for_indexes(120)
+    finally:
+        first.close()
+        second.close()
+    assert _index_state(pg_fresh_url, model, dims) == dict.fromkeys(index_names(model, dims).values(), True)
+    assert not [r for r in caplog.records if "upkeep failed" in r.getMessage()]
+
+
+def test_an_invalid_index_left_by_a_failed_build_is_dropped_and_built_again(pg_fresh_url):
+    model, dims = "broken-16", 16
+    block = _unit_rows(3, 40, dims)
+    store = PostgresStore(pg_fresh_url)
+    try:
+        store.import_memories(A, [Memory(f"b{i}", "notes", f"note {i}", "stated", 1.0, T0, embed_model=model)
+                                  for i in range(len(block))], [pack(v) for v in block])
+        with psycopg.connect(pg_fresh_url) as blocker, psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+            blocker.execute("LOCK TABLE memories IN ROW EXCLUSIVE MODE")
+            conn.execute("SET statement_timeout = '300ms'")
+            for _, create in index_statements(model, dims, concurrently=True):
+                with pytest.raises(psycopg.errors.QueryCanceled):  # waiting for the blocker: the build fails
+                    conn.execute(create)
+        assert _index_state(pg_fresh_url, model, dims) == dict.fromkeys(index_names(model, dims).values(), False)
+        store.serve_model(model, dims)
+        assert store.wait_for_indexes(120)
+        assert _index_state(pg_fresh_url, model, dims) == dict.fromkeys(index_names(model, dims).values(), True)
+        query = block[5]
+        assert [s.memory.content for s in store.vector_search(A, model, query, K, -1.0, T0)] == _exact_ids(block, query)
+    finally:
+        store.close()
+
+
+def test_a_bulk_load_in_one_thread_does_not_defer_another_threads_builds(pg_fresh_url):
+    store = PostgresStore(pg_fresh_url)
+    inside, finish = threading.Event(), threading.Event()
+    loaded = _unit_rows(4, 30, 24)
+
+    def bulk() -> None:
+        with store.bulk_load():
+            store.import_memories(B, [Memory(f"l{i}", "notes", f"loaded {i}", "stated", 1.0, T0,
+                                             embed_model="bulk-24") for i in range(len(loaded))],
+                                  [pack(v) for v in loaded])
+            inside.set()
+            finish.wait(60)
+
+    loader = threading.Thread(target=bulk)
+    loader.start()
+    try:
+        assert inside.wait(30)
+        store.add_memories(A, _new(_unit_rows(5, 30, 16), "served-16"), T0)  # served by this other thread
+        assert store.wait_for_indexes(120)
+        assert all(_index_state(pg_fresh_url, "served-16", 16).values())
+        assert _index_state(pg_fresh_url, "bulk-24", 24) == {}  # the bulk load's own model waits for its end
+    finally:
+        finish.set()
+        loader.join()
+    assert _index_state(pg_fresh_url, "bulk-24", 24) == dict.fromkeys(index_names("bulk-24", 24).values(), True)
+    store.close()
 
 
 # ---------------------------------------------------------------- erasure
@@ -354,6 +549,152 @@ def test_erase_user_and_tenant_leave_no_rows(pg_server):
                             " OR content LIKE '%%secret-carol%%' OR content LIKE '%%secret-dave%%'").fetchone()[0]
         assert hits == 0
     pg_server.drop(url)
+
+
+SECRET = "The quokkavault combination is 31-7-44, do not tell anyone."
+
+
+def _files_holding(data_dir: str, url: str, needles: list[bytes]) -> dict[str, str]:
+    """Every file of this database's directory and of the server's shared folders (not pg_wal, not other
+    databases) that holds one of the needles: its path -> the relkind of the relation it stores ('r' table,
+    't' TOAST table, 'i' index; '' for a file that is no relation's)."""
+    with psycopg.connect(url) as conn:
+        oid = str(conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0])
+        kinds = dict(conn.execute("SELECT pg_relation_filepath(oid), relkind::text FROM pg_class"
+                                  " WHERE pg_relation_filepath(oid) IS NOT NULL").fetchall())
+    root, hits = Path(data_dir), {}
+    for path in root.rglob("*"):
+        parts = path.relative_to(root).parts
+        if not path.is_file() or parts[0] == "pg_wal" or (parts[0] == "base" and parts[1] != oid):
+            continue
+        data = path.read_bytes()
+        if any(needle in data for needle in needles):
+            relation = str(path.relative_to(root)).split(".")[0].removesuffix("_fsm").removesuffix("_vm")
+            hits[str(path.relative_to(root))] = kinds.get(relation, "")
+    return hits
+
+
+@pytest.mark.parametrize(("erase", "full"), [("forget_user", False), ("forget_each", False),
+                                             ("forget_tenant", False), ("forget_user", True), ("forget_each", True)])
+def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_full_one_from_every_file(
+        pg_server, clock, erase, full):
+    """The bytes on disk, as the SQLite test reads its file: after a scrub (VACUUM, REINDEX CONCURRENTLY,
+    CHECKPOINT) no index file holds the erased text, owner or vector, and at most the free space of table pages
+    does; after a full scrub (VACUUM FULL) no file of the database does. WAL is not scanned (README)."""
+    if pg_server.data_dir is None:
+        pytest.skip("needs the embedded server's data directory (MEMSHELF_TEST_DATABASE_URL is set)")
+    url, kaleb, embedder = pg_server.fresh_database(), Owner("scrub", "kaleb-quokkauser"), HashEmbedder()
+    needles = [b"quokkavault", b"quokkatopic", b"quokkakey", b"quokkavalue", b"quokkathread",
+               pack(embedder.embed(SECRET))]
+    if erase != "forget_each":
+        needles.append(b"kaleb-quokkauser")
+    with Shelf.open(url, embedder=embedder, clock=clock) as shelf:
+        for i in range(200):  # another user's rows first: the secret rows end up last on their pages
+            shelf.remember(Owner("scrub", "maya"), "filler", f"Filler statement number {i} about the weather.")
+        memory = shelf.remember(kaleb, "quokkatopic", SECRET)
+        shelf.set_fact(kaleb, "quokkakey", "quokkavalue")
+        shelf.log_message(kaleb, "quokkathread", "user", SECRET, ttl=10)
+        store = shelf.store
+        assert store.wait_for_indexes(120)
+        store.scrub()  # nothing erased yet: nothing to do, but CHECKPOINT writes the rows to the files
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        assert {"r", "i"} <= set(_files_holding(pg_server.data_dir, url, needles).values())  # the scan sees them
+        if erase == "forget_user":
+            shelf.forget_user(kaleb)
+        elif erase == "forget_tenant":
+            shelf.forget_tenant(kaleb.tenant)
+        else:
+            shelf.forget(kaleb, memory.id)
+            shelf.forget_fact(kaleb, "quokkakey")
+            clock.advance(3600)
+            assert shelf.purge_expired().messages == 1  # the message went by its own retention
+        assert set(store.scrub(full=full)) >= {"memories", "facts", "fact_history", "messages"}
+        left = _files_holding(pg_server.data_dir, url, needles)
+    if full:
+        assert left == {}
+    else:
+        assert set(left.values()) <= {"r", "t"}, left  # no index; at most unused space in table pages
+    pg_server.drop(url)
+
+
+def test_a_scrub_waits_for_a_transaction_that_could_still_see_the_erased_rows(pg_server):
+    """A reader open since before the erasure (a report, a pg_dump) keeps the erased rows alive: the scrub waits
+    for it instead of finishing with the rows still in the index files."""
+    if pg_server.data_dir is None:
+        pytest.skip("needs the embedded server's data directory (MEMSHELF_TEST_DATABASE_URL is set)")
+    url = pg_server.fresh_database()
+    with Shelf.open(url, embedder=None) as shelf:
+        shelf.remember(A, "quokkatopic", SECRET)
+        reader = psycopg.connect(url)
+        reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert reader.execute("SELECT count(*) FROM memories").fetchone() == (1,)  # its snapshot sees the row
+        shelf.forget_user(A)
+        scrubbed: list[list[str]] = []
+        scrubber = threading.Thread(target=lambda: scrubbed.append(shelf.store.scrub()))
+        scrubber.start()
+        scrubber.join(3)
+        assert scrubber.is_alive()  # waiting for the reader
+        reader.rollback()
+        reader.close()
+        scrubber.join(60)
+        assert scrubbed == [["memories"]]
+    assert set(_files_holding(pg_server.data_dir, url, [b"quokkavault", b"quokkatopic"]).values()) <= {"r", "t"}
+    pg_server.drop(url)
+
+
+def test_a_scrub_drops_the_invalid_copies_a_failed_reindex_left(pg_fresh_url):
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.set_fact(A, "colour", "blue")
+        with psycopg.connect(pg_fresh_url) as blocker, psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+            blocker.execute("LOCK TABLE facts IN ROW EXCLUSIVE MODE")
+            conn.execute("SET statement_timeout = '300ms'")
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute("REINDEX TABLE CONCURRENTLY facts")
+        with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+            leftovers = "SELECT count(*) FROM pg_indexes WHERE tablename = 'facts' AND indexname LIKE '%%ccnew%%'"
+            assert conn.execute(leftovers).fetchone()[0] > 0
+            shelf.forget_fact(A, "colour")
+            assert shelf.store.scrub() == ["fact_history", "facts"]
+            assert conn.execute(leftovers).fetchone()[0] == 0
+
+
+def _queued(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT relation FROM memshelf_scrub")}
+
+
+def _relfilenode(url: str, relation: str) -> int:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT relfilenode FROM pg_class WHERE relname = %s", (relation,)).fetchone()[0]
+
+
+def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_the_next(pg_fresh_url, monkeypatch):
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB", "off")
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        _fill(shelf, A, "thimble")
+        shelf.forget_user(A)
+    assert _queued(pg_fresh_url) == {"memories", "facts", "fact_history", "messages"}
+    gin = _relfilenode(pg_fresh_url, "memories_search")
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB", "vacuum")
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB_DELAY", "0")
+    store = PostgresStore(pg_fresh_url)
+    try:
+        deadline = time.monotonic() + 60
+        while _queued(pg_fresh_url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _queued(pg_fresh_url) == set()
+        assert _relfilenode(pg_fresh_url, "memories_search") != gin  # reindexed into a new file
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("name", "value"), [("MEMSHELF_PG_SCRUB", "sometimes"), ("MEMSHELF_PG_SCRUB_DELAY", "-1"),
+                                             ("MEMSHELF_PG_SCRUB_DELAY", "soon")])
+def test_a_bad_scrub_setting_is_refused_before_anything_is_opened(pg_fresh_url, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        PostgresStore(pg_fresh_url)
 
 
 # ---------------------------------------------------------------- migration between backends

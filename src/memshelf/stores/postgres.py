@@ -11,13 +11,15 @@ Tenant isolation has two walls:
    `SET LOCAL ROLE memshelf_app` and `set_config('memshelf.tenant', <the owner's tenant>, true)`, so a query that
    forgot its filter still sees only that tenant, and a connection with no tenant set sees nothing.
    Admin operations (backfill, purge_expired, owners, API keys) run as `memshelf_admin`, the one role a second
-   policy lets see every tenant. Switching role per transaction is what makes the wall hold even when the login
-   role is a superuser (superusers and BYPASSRLS roles skip every policy, FORCE or not).
+   policy lets see every tenant, and only while it is the role in effect (`current_user`), not for its members
+   (m005): the login role itself, connected and acting as nothing else, sees nothing until a tenant is set.
+   Switching role per transaction is also what makes the wall hold when the login role is a superuser
+   (superusers and BYPASSRLS roles skip every policy, FORCE or not).
 
 What a production deployment needs:
 
 - a login role that is NOT a superuser and does NOT have BYPASSRLS, owning memshelf's tables (it runs the
-  migrations, and creates the vector indexes when a new embedding model is first seen);
+  migrations, builds the vector indexes and scrubs erased rows; pg_checkpoint lets the scrub checkpoint at once);
 - the roles `memshelf_app` and `memshelf_admin` (NOLOGIN), and the login role a member of both. The migration
   creates them when the login role may (superuser or CREATEROLE); otherwise a superuser runs once:
   `CREATE ROLE memshelf_app NOLOGIN; CREATE ROLE memshelf_admin NOLOGIN;
@@ -26,8 +28,11 @@ What a production deployment needs:
   outside memshelf, is walled too.
 
 Vectors: one `vector` column without a fixed dimension, kept in the row rather than in TOAST (m003). Each
-(model, dimensions) pair first seen gets two partial indexes, both `WHERE embed_model = '<model>' AND
-vector_dims(embedding) = d`; searches repeat the predicate so the planner can use them:
+(model, dimensions) pair the store serves gets two partial indexes, both `WHERE embed_model = '<model>' AND
+vector_dims(embedding) = d`; searches repeat the predicate so the planner can use them. A store serves the models
+of its own vectors (add_memories, set_vectors, vector_search, serve_model), never the stamps of imported rows; the
+indexes are built CONCURRENTLY by the upkeep thread (postgres_upkeep.py), and searches are exact until they are
+valid:
 
 - a covering btree on (tenant, user_id) INCLUDE (pk, confidence, expires_at, embedding), for vectors of up to 512
   dimensions and owner keys of up to 512 bytes (so every entry fits in a btree page). An owner with at most
@@ -49,12 +54,11 @@ the CONTEXT_TURNS memories the owner stored before under the same topic, weight 
 the row's own words); a row is found only by its own words either way.
 
 Erasure deletes every row of the user or tenant (the tsvectors and vector live in the row, so they go with it);
-deleting or purging single memories also rewrites the context of the memories that followed them. Then,
-when not inside an outer transaction, the store runs VACUUM on the touched tables so dead tuples and index entries are
-removed at once rather than at the next autovacuum. As with any PostgreSQL deletion, old bytes can remain in
-free space within pages and in WAL segments until they are overwritten or recycled; erasing those needs
-encrypted storage and WAL retention to match your policy. Set MEMSHELF_PG_VACUUM_ON_ERASE=0 to leave it to
-autovacuum (faster erasure on very large tables).
+deleting or purging single memories also rewrites the context of the memories that followed them. Each erasure
+queues the tables it touched in memshelf_scrub; the upkeep thread scrubs them MEMSHELF_PG_SCRUB_DELAY seconds
+later (default 60), off the request path: VACUUM, REINDEX TABLE CONCURRENTLY and CHECKPOINT (MEMSHELF_PG_SCRUB=
+vacuum, the default), or VACUUM FULL (=full), or only when `scrub()` is called (=off); `scrub()` does it now.
+What stays where afterwards, WAL included, is in the README ("Erasure on PostgreSQL").
 
 Pool size: MEMSHELF_PG_POOL_SIZE (default 10) connections per store.
 """
@@ -82,6 +86,7 @@ from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
 from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS
+from .postgres_upkeep import Pair, Upkeep, scrub_settings
 
 EXACT_MAX_ROWS = 20_000
 """Owners with at most this many vectors of a model are searched exactly: at that size a scan of the owner's rows
@@ -206,6 +211,25 @@ def index_names(model: str, dimensions: int) -> dict[str, str]:
     return names
 
 
+def index_statements(model: str, dimensions: int, concurrently: bool) -> list[tuple[str, sql.Composed]]:
+    """Each index of a (model, dimensions) pair, as (name, CREATE INDEX [CONCURRENTLY] IF NOT EXISTS ...)."""
+    templates = {
+        "hnsw": "CREATE INDEX {how} IF NOT EXISTS {name} ON memories USING hnsw ({cast} vector_cosine_ops)"
+                " WHERE {vector}",
+        "exact": "CREATE INDEX {how} IF NOT EXISTS {name} ON memories (tenant, user_id)"
+                 " INCLUDE (pk, confidence, expires_at, embedding) WHERE {vector} AND {short}",
+    }
+    return [(name, sql.SQL(templates[kind]).format(
+        how=sql.SQL("CONCURRENTLY" if concurrently else ""), name=sql.Identifier(name), cast=_cast(dimensions, ""),
+        vector=_vector_predicate(model, dimensions, ""), short=_short_owner(""))) for kind, name in
+        index_names(model, dimensions).items()]
+
+
+_VALID_INDEXES = ("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                  " WHERE i.indrelid = 'memories'::regclass AND i.indisvalid")
+"""Names of memories' valid indexes (add a condition on c.relname)."""
+
+
 def _vector_predicate(model: str, dimensions: int, alias: str = "m.") -> sql.Composed:
     """The partial-index predicate, with the model as a literal so the planner can match the index
     (a bound parameter would hide the value from a generic plan)."""
@@ -283,10 +307,12 @@ class PostgresStore(Store):
         self.exact_max_rows = exact_max_rows
         self._hint = _redact(url)
         self._local = threading.local()
-        self._indexes: set[str] = set()
-        self._deferred: set[tuple[str, int]] | None = None
+        self._indexes: set[str] = set()  # vector indexes seen valid
+        self._served: set[Pair] = set()  # pairs whose indexes this store has asked for
         size = pool_size or int(os.environ.get("MEMSHELF_PG_POOL_SIZE", "10"))
-        self._migrate()
+        mode, delay = scrub_settings()
+        self._upkeep = Upkeep(self._connect, index_statements, mode=mode, delay=delay)
+        scrub_pending = self._migrate()
         self._pool = ConnectionPool(url, min_size=1, max_size=max(1, size), open=False,
                                     kwargs={"autocommit": True}, configure=self._configure,
                                     name="memshelf")
@@ -295,6 +321,8 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             self._pool.close()
             raise _translate(exc, self._hint) from exc
+        if scrub_pending:  # erasures a stopped process queued and did not scrub
+            self._upkeep.erased()
 
     # ------------------------------------------------------------ connections and transactions
     def _connect(self) -> psycopg.Connection:
@@ -303,7 +331,8 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise _translate(exc, self._hint) from exc
 
-    def _migrate(self) -> None:
+    def _migrate(self) -> bool:
+        """Apply the migrations; whether erasures are waiting in memshelf_scrub."""
         with self._connect() as conn:
             try:
                 for name, script in MIGRATIONS:
@@ -315,9 +344,11 @@ class PostgresStore(Store):
                             continue
                         conn.execute(script)  # type: ignore[arg-type]  # our own constant, several statements
                         conn.execute("INSERT INTO memshelf_migrations (name) VALUES (%s)", (name,))
-                self._indexes = {r[0] for r in conn.execute(
-                    "SELECT indexname FROM pg_indexes WHERE tablename = 'memories'"
-                    " AND (indexname LIKE 'memories_hnsw_%%' OR indexname LIKE 'memories_exact_%%')")}
+                self._indexes = {r[0] for r in conn.execute(_VALID_INDEXES + " AND (c.relname LIKE 'memories_hnsw_%%'"
+                                                             " OR c.relname LIKE 'memories_exact_%%')")}
+                if conn.execute("SELECT to_regclass('memshelf_scrub')").fetchone() == (None,):
+                    return False  # a test that stops at an older migration
+                return conn.execute("SELECT EXISTS (SELECT 1 FROM memshelf_scrub)").fetchone() == (True,)
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise StoreError(f"cannot set up memshelf's schema ({exc}): a superuser must create the "
                                  "extensions and roles once; see the memshelf.stores.postgres docstring") from exc
@@ -381,61 +412,67 @@ class PostgresStore(Store):
         return self._scoped(ADMIN_ROLE, None)
 
     def close(self) -> None:
+        self._upkeep.close()
         self._pool.close()
 
     # ------------------------------------------------------------ vector indexes
     def _has_indexes(self, cur: psycopg.Cursor, model: str, dimensions: int, kinds: Iterable[str]) -> bool:
-        """Whether the indexes of these kinds (those the pair gets at all) exist, asking the catalog only about
-        names this process has not seen yet (another process may have made them)."""
+        """Whether the indexes of these kinds (those the pair gets at all) exist and are valid (a concurrent build
+        makes an index visible long before it is usable), asking the catalog only about names not yet seen valid."""
         names = index_names(model, dimensions)
         wanted = {names[k] for k in kinds if k in names}
         if wanted - self._indexes:
-            self._indexes |= {r[0] for r in cur.execute(
-                "SELECT indexname FROM pg_indexes WHERE tablename = 'memories' AND indexname = ANY(%s)",
-                (sorted(wanted),))}
+            self._indexes |= {r[0] for r in cur.execute(_VALID_INDEXES + " AND c.relname = ANY(%s)", (sorted(wanted),))}
         return wanted <= self._indexes
 
-    def _ensure_indexes(self, cur: psycopg.Cursor, pairs: Iterable[tuple[str, int]]) -> None:
-        """Create the missing indexes of each (model, dimensions): HNSW for large owners and the covering btree
-        for exact scans. Runs as the login role (the table owner) and restores the scope afterwards; an advisory
-        lock per index keeps two processes from racing."""
-        todo = {(m, d) for m, d in pairs if not self._has_indexes(cur, m, d, ("hnsw", "exact"))}
-        if not todo:
+    def _serve(self, pairs: Iterable[Pair]) -> None:
+        """This store serves these (model, dimensions): queue concurrent builds of their indexes, once per store,
+        off the request path (inside bulk_load, this thread's builds wait for the end of the block). Called with
+        the models of the caller's own vectors (add_memories, set_vectors, vector_search), never with the stamps
+        of imported rows: an import cannot make the server build indexes."""
+        new = {pair for pair in pairs if pair not in self._served and index_names(*pair)}
+        if not new:
             return
-        if self._deferred is not None:
-            self._deferred |= todo
+        bulk = getattr(self._local, "bulk", None)
+        if bulk is not None:
+            bulk |= new
             return
-        scope = cur.execute("SELECT current_user, current_setting('memshelf.tenant', true)").fetchone()
-        cur.execute("SET LOCAL ROLE NONE")
-        for model, dimensions in sorted(todo):
-            names = index_names(model, dimensions)
-            vector = _vector_predicate(model, dimensions, "")
-            statements = {
-                "hnsw": sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON memories USING hnsw ({cast} vector_cosine_ops)"
-                                " WHERE {vector}"),
-                "exact": sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON memories (tenant, user_id)"
-                                 " INCLUDE (pk, confidence, expires_at, embedding) WHERE {vector} AND {short}"),
-            }
-            for kind, name in names.items():
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
-                cur.execute(statements[kind].format(name=sql.Identifier(name), cast=_cast(dimensions, ""),
-                                                    vector=vector, short=_short_owner("")))
-        cur.execute("SELECT set_config('role', %s, true), set_config('memshelf.tenant', %s, true)", scope)
+        self._served |= new
+        self._upkeep.build(sorted(new))
+
+    def _loaded(self, pairs: Iterable[Pair]) -> None:
+        """Imported rows: their models get indexes only at the end of this thread's bulk_load (an operator's
+        migration or benchmark), never from an import alone."""
+        bulk = getattr(self._local, "bulk", None)
+        if bulk is not None:
+            bulk |= {pair for pair in pairs if index_names(*pair)}
+
+    def serve_model(self, model: str, dimensions: int) -> None:
+        """Build the indexes of `model` (vectors of `dimensions`) in the background now, rather than at the first
+        write or search of it. Searches are exact until the indexes are valid."""
+        self._serve({(model, dimensions)})
+
+    def wait_for_indexes(self, timeout: float = 300.0) -> bool:
+        """Wait until every queued index build is done: True, or False if `timeout` seconds passed first."""
+        return self._upkeep.wait(timeout)
 
     @contextmanager
     def bulk_load(self, memory: str | None = None) -> Iterator[None]:
-        """For large imports: inside the block, a model first seen gets no vector indexes; at the end each missing
-        one is built in one pass (several times faster than growing an HNSW graph row by row), then `memories` is
-        vacuumed and analyzed, so the planner knows the new rows and index-only scans need not visit the table.
-        Searches in between are exact, from the table. `memory` is maintenance_work_mem for the build (default
+        """For large imports from this thread: inside the block, models written or imported get no vector indexes;
+        at the end each missing one is built in one pass, not concurrently (several times faster than growing an
+        HNSW graph row by row; writes to memories wait for it), then `memories` is vacuumed and analyzed, so the
+        planner knows the new rows and index-only scans need not visit the table. Searches in between are exact.
+        Other threads are not affected. `memory` is maintenance_work_mem for the build (default
         MEMSHELF_PG_BUILD_MEMORY or 1GB; the HNSW graph of 1M 384-d vectors needs about 2GB in memory)."""
-        self._deferred = set()
+        if getattr(self._local, "bulk", None) is not None:  # nested: the outer block builds
+            yield
+            return
+        self._local.bulk = set()
         try:
             yield
         finally:
-            pending, self._deferred = self._deferred, None
-            if pending:
-                self._build_indexes(pending, memory or os.environ.get("MEMSHELF_PG_BUILD_MEMORY", "1GB"))
+            pending, self._local.bulk = self._local.bulk, None
+            self._build_loaded(pending, memory or os.environ.get("MEMSHELF_PG_BUILD_MEMORY", "1GB"))
         if getattr(self._local, "conn", None) is None:  # VACUUM cannot run inside a transaction
             try:
                 with self._pool.connection() as conn:
@@ -443,12 +480,24 @@ class PostgresStore(Store):
             except psycopg.Error as exc:
                 raise _translate(exc, self._hint) from exc
 
-    def _build_indexes(self, pairs: set[tuple[str, int]], memory: str) -> None:
-        with self.atomic():
-            cur = self._local.conn.cursor()
-            cur.execute("SELECT set_config('maintenance_work_mem', %s, true)", (memory,))
-            cur.execute("SELECT set_config('role', %s, true)", (APP_ROLE,))
-            self._ensure_indexes(cur, pairs)
+    def _build_loaded(self, pairs: set[Pair], memory: str) -> None:
+        pairs = {pair for pair in pairs if not self._has_valid(pair)}
+        if not pairs:
+            return
+        self._served |= pairs
+        if getattr(self._local, "conn", None) is not None:
+            # Inside a transaction of this thread the loaded rows are not committed yet, and a build on another
+            # connection would wait for this very transaction: the background builds them after it ends.
+            self._upkeep.build(sorted(pairs))
+            return
+        try:
+            self._upkeep.build_now(pairs, memory)
+        except psycopg.Error as exc:
+            raise _translate(exc, self._hint) from exc
+
+    def _has_valid(self, pair: Pair) -> bool:
+        with self._admin() as cur:
+            return self._has_indexes(cur, *pair, ("hnsw", "exact"))
 
     @staticmethod
     def _pairs(models_and_blobs: Iterable[tuple[str | None, bytes | None]]) -> set[tuple[str, int]]:
@@ -457,8 +506,8 @@ class PostgresStore(Store):
     # ------------------------------------------------------------ memories
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
         stored: list[Memory] = []
+        self._serve(self._pairs((i.embed_model, i.vector) for i in items))
         with self._tenant(owner.tenant) as cur:
-            self._ensure_indexes(cur, self._pairs((i.embed_model, i.vector) for i in items))
             for item in items:
                 stored.append(self._add_one(cur, owner, item, now))
         return stored
@@ -502,7 +551,7 @@ class PostgresStore(Store):
         if not items:
             return 0
         with self._tenant(owner.tenant) as cur:
-            self._ensure_indexes(cur, self._pairs((m.embed_model, v) for m, v in zip(items, vectors)))
+            self._loaded(self._pairs((m.embed_model, v) for m, v in zip(items, vectors)))
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS memshelf_import (ord integer, id text, topic text,"
                         " content text, digest text, source text, confidence double precision,"
                         " created_at timestamptz, last_seen timestamptz, observations integer,"
@@ -548,6 +597,7 @@ class PostgresStore(Store):
                                " RETURNING tenant, user_id, topic, pk",
                                (owner.tenant, owner.user, memory_id)).fetchall()
             self._recontext(cur, gone)
+            self._queue_scrub(cur, {"memories": len(gone)})
             return bool(gone)
 
     @staticmethod
@@ -621,6 +671,7 @@ class PostgresStore(Store):
                     f"the question's vector from {model} has {dimensions} dimensions but this owner's stored "
                     f"{model} vectors have {stored}: the service now serves another model under that name; "
                     "give it a distinct name or run backfill after switching")
+            self._serve({(model, dimensions)})
             blob = Blob(query.astype("<f4").tobytes())
             indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
             if rows > self.exact_max_rows and indexed:
@@ -686,8 +737,8 @@ class PostgresStore(Store):
 
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
         rows = list(rows)
+        self._serve(self._pairs((model, blob) for _, blob in rows))
         with self._admin() as cur:
-            self._ensure_indexes(cur, self._pairs((model, blob) for _, blob in rows))
             cur.executemany("UPDATE memories SET embedding = %s, embed_model = %s WHERE pk = %s",
                             [(Blob(blob), model, key) for key, blob in rows])
 
@@ -724,6 +775,7 @@ class PostgresStore(Store):
             deleted = cur.rowcount > 0
             cur.execute("DELETE FROM fact_history WHERE tenant = %s AND user_id = %s AND key = %s",
                         (owner.tenant, owner.user, key))
+            self._queue_scrub(cur, {"facts": int(deleted), "fact_history": cur.rowcount})
         return deleted
 
     def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
@@ -777,21 +829,31 @@ class PostgresStore(Store):
     # ------------------------------------------------------------ erasure
     def _erase(self, tenant: str, where: str, params: tuple) -> Erased:
         with self._tenant(tenant) as cur:
-            counts = []
+            counts = {}
             for table in ("memories", "facts", "fact_history", "messages"):
                 cur.execute(f"DELETE FROM {table} WHERE {where}", params)
-                counts.append(cur.rowcount)
-        self._vacuum()
-        return Erased(*counts)
+                counts[table] = cur.rowcount
+            self._queue_scrub(cur, counts)
+        return Erased(*counts.values())
 
-    def _vacuum(self) -> None:
-        """Remove the dead tuples and index entries of erased rows now, unless inside an outer transaction
-        (VACUUM cannot run there) or MEMSHELF_PG_VACUUM_ON_ERASE=0."""
-        if getattr(self._local, "conn", None) is not None or os.environ.get("MEMSHELF_PG_VACUUM_ON_ERASE") == "0":
-            return
+    def _queue_scrub(self, cur: psycopg.Cursor, erased: dict[str, int]) -> None:
+        """Queue the tables that lost rows for the scrub, in the erasing transaction, and wake the upkeep thread
+        (the wake-up is harmless if that transaction then rolls back: the scrub finds nothing queued)."""
+        tables = [table for table, count in erased.items() if count]
+        if tables:
+            cur.execute("INSERT INTO memshelf_scrub (relation) SELECT unnest(%s::text[])", (tables,))
+            self._upkeep.erased()
+
+    def scrub(self, full: bool | None = None) -> list[str]:
+        """Scrub erased rows off disk now, instead of waiting for the background scrub; returns the tables
+        scrubbed. Default (MEMSHELF_PG_SCRUB=vacuum): VACUUM, REINDEX CONCURRENTLY and CHECKPOINT, after which the
+        erased text is in no index file; full=True (or MEMSHELF_PG_SCRUB=full): VACUUM FULL, after which it is in
+        no table or index file either, at the cost of locking the tables while they are rewritten. README,
+        "Erasure on PostgreSQL", says what remains where."""
+        if getattr(self._local, "conn", None) is not None:
+            raise StoreError("scrub() cannot run inside atomic(): VACUUM needs its own transaction; call it after")
         try:
-            with self._pool.connection() as conn:
-                conn.execute("VACUUM memories, facts, fact_history, messages")
+            return self._upkeep.scrub(full)
         except psycopg.Error as exc:
             raise _translate(exc, self._hint) from exc
 
@@ -808,8 +870,7 @@ class PostgresStore(Store):
             self._recontext(cur, gone)
             cur.execute("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= %s", (now,))
             erased = Erased(memories=len(gone), messages=cur.rowcount)
-        if erased.memories or erased.messages:
-            self._vacuum()
+            self._queue_scrub(cur, {"memories": erased.memories, "messages": erased.messages})
         return erased
 
     # ------------------------------------------------------------ API keys

@@ -31,6 +31,14 @@ CREATE POLICY memshelf_admin ON {table} TO {ADMIN_ROLE} USING (true) WITH CHECK 
 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {APP_ROLE}, {ADMIN_ROLE};
 """ for table in OWNER_TABLES)
 
+_ADMIN_ONLY_AS_ADMIN = "\n".join(f"""
+ALTER POLICY memshelf_tenant ON {table}
+    USING (tenant = nullif(current_setting('memshelf.tenant', true), ''))
+    WITH CHECK (tenant = nullif(current_setting('memshelf.tenant', true), ''));
+ALTER POLICY memshelf_admin ON {table}
+    USING (current_user = '{ADMIN_ROLE}') WITH CHECK (current_user = '{ADMIN_ROLE}');
+""" for table in OWNER_TABLES)
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", """
 CREATE EXTENSION IF NOT EXISTS vector;
@@ -156,5 +164,21 @@ CREATE FUNCTION memshelf_words(text) RETURNS tsvector
     AS $$ SELECT to_tsvector('memshelf_text'::regconfig, regexp_replace($1, '[^[:alnum:]]+', ' ', 'g')) $$;
 ALTER TABLE memories ADD COLUMN context_search tsvector;
 CREATE INDEX memories_owner_topic ON memories (tenant, user_id, topic, pk);
+"""),
+    # The login role is a member of memshelf_admin, and a policy `TO memshelf_admin` applies to its members too:
+    # connected as the documented login role (not superuser, no BYPASSRLS) a query with no tenant set saw every
+    # tenant. The admin policy now holds only while the role in effect IS memshelf_admin (after SET ROLE), and an
+    # empty memshelf.tenant is the same as none.
+    ("m005_admin_policy_only_as_admin", _ADMIN_ONLY_AS_ADMIN),
+    # Erasures queue the tables they touched, in the erasing transaction; the store's upkeep thread (or
+    # PostgresStore.scrub()) VACUUMs and reindexes them and deletes the rows it handled (postgres_upkeep.py).
+    ("m006_scrub_queue", f"""
+CREATE TABLE memshelf_scrub (
+    pk        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    relation  text NOT NULL CHECK (relation IN ({", ".join(f"'{t}'" for t in OWNER_TABLES)})),
+    erased_at timestamptz NOT NULL DEFAULT now()
+);
+GRANT INSERT ON memshelf_scrub TO {APP_ROLE}, {ADMIN_ROLE};
+GRANT USAGE ON SEQUENCE memshelf_scrub_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
 """),
 ]
