@@ -4,6 +4,7 @@ on both backends."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from fakes import HashEmbedder
 from test_server import LiveServer, bearer
+from threadpoolctl import threadpool_info
 
 from memshelf import ConfigError, Owner, Shelf
 from memshelf.server import create_app
@@ -203,6 +205,36 @@ def test_a_bad_cache_bound_is_a_config_error_that_says_what_to_write(tmp_path, m
 
 
 # ---------------------------------------------------------------- concurrency
+def blas_threads() -> set[int]:
+    return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+
+def test_searches_leave_the_process_blas_threads_alone():
+    """The BLAS thread count is process-wide: a search that changed it would change it under every other thread,
+    and one search finishing would undo it under another still scanning."""
+    from memshelf.vectors import top_k
+
+    rng = np.random.default_rng(5)
+    matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((20_000, 64))), no_time)
+    stop = threading.Event()
+
+    def search() -> None:
+        while not stop.is_set():
+            top_k(matrix, rng.standard_normal(64).astype(np.float32), 10, 0.0, 0.0)
+
+    before = blas_threads()  # the library's default: as many threads as cores
+    workers = [threading.Thread(target=search) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        samples = [blas_threads() for _ in range(60)]
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert all(sample == before for sample in samples)
+
+
 def test_concurrent_searches_give_the_serial_answers(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, "0.05")  # small enough that threads evict and rebuild under each other
     shelf, people = shelf_with_owners(tmp_path / "busy.db", owners=40, per_owner=8)

@@ -13,20 +13,8 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from .errors import ConfigError, DimensionMismatch
-
-
-_controller: ThreadpoolController | None = None
-
-
-def _one_blas_thread():  # type: ignore[no-untyped-def]
-    """A single query is memory-bound: a second BLAS thread only adds stalls on a busy machine (DESIGN.md)."""
-    global _controller
-    if _controller is None:
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
 
 
 PARALLEL_ROWS = 32_768
@@ -34,26 +22,41 @@ PARALLEL_ROWS = 32_768
 bandwidth (100k x 384 on 2 cores: 10 ms on one, 5 ms split). Below it, waking a second thread costs more than it
 saves."""
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _scan_pool(workers: int) -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="memshelf-scan")
+        return _pool
 
 
 def _cosines(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """matrix @ q, in slices on our own threads for big matrices, each on one BLAS thread. Our threads (unlike
-    BLAS's spinning ones) simply queue when the machine is busy, so a split scan is never much slower than one."""
-    global _pool
+    """matrix @ q, in slices on our own threads for big matrices. Our threads (unlike BLAS's spinning ones) simply
+    queue when the machine is busy, so a split scan is never much slower than one."""
     rows, workers = matrix.shape[0], min(os.cpu_count() or 1, 4)
-    with _one_blas_thread():
-        if rows < PARALLEL_ROWS or workers < 2:
-            return matrix @ q
-        if _pool is None:
-            _pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="memshelf-scan")
-        out = np.empty(rows, dtype=np.float32)
-        bounds = np.linspace(0, rows, workers + 1).astype(int).tolist()
-        slices = list(zip(bounds[:-1], bounds[1:]))
-        futures = [_pool.submit(np.dot, matrix[a:b], q, out[a:b]) for a, b in slices[1:]]
-        np.dot(matrix[slices[0][0]:slices[0][1]], q, out[slices[0][0]:slices[0][1]])
-        for future in futures:
-            future.result()
-        return out
+    if rows < PARALLEL_ROWS or workers < 2:
+        return _dots(matrix, q)
+    pool = _scan_pool(workers)
+    out = np.empty(rows, dtype=np.float32)
+    bounds = np.linspace(0, rows, workers + 1).astype(int).tolist()
+    slices = list(zip(bounds[:-1], bounds[1:]))
+    futures = [pool.submit(_dots, matrix[a:b], q, out[a:b]) for a, b in slices[1:]]
+    _dots(matrix[slices[0][0]:slices[0][1]], q, out[slices[0][0]:slices[0][1]])
+    for future in futures:
+        future.result()
+    return out
+
+
+def _dots(matrix: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Each row's dot product with q, on the calling thread. A single query is memory-bound, and BLAS's matrix-vector
+    product would wake its own threads, which stall for milliseconds on a busy machine (DESIGN.md); its thread count
+    can only be limited for the whole process, under every other thread's feet. vecdot runs one short dot product
+    per row, which BLAS never splits across threads, at the speed of a one-thread matrix-vector product from 10,000
+    rows up (BENCHMARKS.md)."""
+    return np.vecdot(matrix, q, out=out)
 
 
 def pack(vector: Sequence[float] | np.ndarray) -> bytes:
