@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
-from .errors import DimensionMismatch
-
-_controller: ThreadpoolController | None = None
-
-
-def _one_blas_thread():  # type: ignore[no-untyped-def]
-    """A single query is memory-bound: a second BLAS thread only adds stalls on a busy machine (DESIGN.md)."""
-    global _controller
-    if _controller is None:
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
+from .errors import ConfigError, DimensionMismatch
 
 
 PARALLEL_ROWS = 32_768
@@ -31,26 +22,41 @@ PARALLEL_ROWS = 32_768
 bandwidth (100k x 384 on 2 cores: 10 ms on one, 5 ms split). Below it, waking a second thread costs more than it
 saves."""
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _scan_pool(workers: int) -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="memshelf-scan")
+        return _pool
 
 
 def _cosines(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """matrix @ q, in slices on our own threads for big matrices, each on one BLAS thread. Our threads (unlike
-    BLAS's spinning ones) simply queue when the machine is busy, so a split scan is never much slower than one."""
-    global _pool
+    """matrix @ q, in slices on our own threads for big matrices. Our threads (unlike BLAS's spinning ones) simply
+    queue when the machine is busy, so a split scan is never much slower than one."""
     rows, workers = matrix.shape[0], min(os.cpu_count() or 1, 4)
-    with _one_blas_thread():
-        if rows < PARALLEL_ROWS or workers < 2:
-            return matrix @ q
-        if _pool is None:
-            _pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="memshelf-scan")
-        out = np.empty(rows, dtype=np.float32)
-        bounds = np.linspace(0, rows, workers + 1).astype(int).tolist()
-        slices = list(zip(bounds[:-1], bounds[1:]))
-        futures = [_pool.submit(np.dot, matrix[a:b], q, out[a:b]) for a, b in slices[1:]]
-        np.dot(matrix[slices[0][0]:slices[0][1]], q, out[slices[0][0]:slices[0][1]])
-        for future in futures:
-            future.result()
-        return out
+    if rows < PARALLEL_ROWS or workers < 2:
+        return _dots(matrix, q)
+    pool = _scan_pool(workers)
+    out = np.empty(rows, dtype=np.float32)
+    bounds = np.linspace(0, rows, workers + 1).astype(int).tolist()
+    slices = list(zip(bounds[:-1], bounds[1:]))
+    futures = [pool.submit(_dots, matrix[a:b], q, out[a:b]) for a, b in slices[1:]]
+    _dots(matrix[slices[0][0]:slices[0][1]], q, out[slices[0][0]:slices[0][1]])
+    for future in futures:
+        future.result()
+    return out
+
+
+def _dots(matrix: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Each row's dot product with q, on the calling thread. A single query is memory-bound, and BLAS's matrix-vector
+    product would wake its own threads, which stall for milliseconds on a busy machine (DESIGN.md); its thread count
+    can only be limited for the whole process, under every other thread's feet. vecdot runs one short dot product
+    per row, which BLAS never splits across threads, at the speed of a one-thread matrix-vector product from 10,000
+    rows up (BENCHMARKS.md)."""
+    return np.vecdot(matrix, q, out=out)
 
 
 def pack(vector: Sequence[float] | np.ndarray) -> bytes:
@@ -62,16 +68,25 @@ def unpack(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f4")
 
 
-def normalize(matrix: np.ndarray) -> np.ndarray:
+def normalize(matrix: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows scaled to unit length as float32 (a zero row stays zero), into `out` when given."""
     norms = np.linalg.norm(matrix, axis=-1, keepdims=True)
     norms[norms == 0] = 1.0
-    return (matrix / norms).astype(np.float32, copy=False)
+    if out is None:
+        return (matrix / norms).astype(np.float32, copy=False)
+    return np.divide(matrix, norms, out=out, casting="same_kind")
+
+
+GROWTH = 4
+"""An append that does not fit copies the rows into buffers a quarter (1/GROWTH) bigger than needed: each row is
+copied a bounded number of times over a run of appends, and spare room stays under a quarter of the matrix."""
 
 
 @dataclass(frozen=True)
 class VectorMatrix:
-    """An owner's vectors of one model. Rows live in buffers with spare capacity, so appending new memories
-    copies only the new rows; `extended` returns a new view and never changes what a reader already holds."""
+    """An owner's vectors of one model. A built matrix is exactly its rows; appended rows go into spare room when
+    there is some, so appending copies only the new rows; `extended` returns a new view and never changes what a
+    reader already holds."""
 
     model: str
     size: int
@@ -101,6 +116,15 @@ class VectorMatrix:
         return int(self._matrix.shape[1])
 
     @property
+    def capacity(self) -> int:
+        return int(self._keys.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the buffers, spare room included."""
+        return sum(a.nbytes for a in (self._keys, self._matrix, self._confidence, self._expires))
+
+    @property
     def last_key(self) -> int:
         return int(self._keys[self.size - 1]) if self.size else -1
 
@@ -109,39 +133,42 @@ class VectorMatrix:
               ) -> VectorMatrix:
         """rows: (key, blob, confidence, expires_at) as the backend stores them, in key order."""
         width = len(rows[0][1]) // 4 if rows else 0
-        empty = cls(model, 0, np.zeros(0, np.int64), np.zeros((0, width), np.float32), np.zeros(0, np.float32),
-                    np.zeros(0))
-        return empty.extended(rows, parse_time)
+        return cls(model, 0, *_buffers(len(rows), width))._written(rows, parse_time)
 
     def extended(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
-        """This matrix plus `rows` (keys above last_key), growing the buffers geometrically when full."""
+        """This matrix plus `rows` (keys above last_key)."""
         if not rows:
             return self
-        width = self.dimensions if self.size else len(rows[0][1]) // 4
+        if self.size == 0:  # nothing to keep, and an empty matrix does not know the width yet
+            return VectorMatrix.build(self.model, rows, parse_time)
+        needed = self.size + len(rows)
+        if needed <= self.capacity:
+            return self._written(rows, parse_time)
+        grown = _buffers(needed + needed // GROWTH, self.dimensions)
+        for old, new in zip((self._keys, self._matrix, self._confidence, self._expires), grown):
+            new[:self.size] = old[:self.size]
+        return VectorMatrix(self.model, self.size, *grown)._written(rows, parse_time)
+
+    def _written(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
+        """`rows` written into the spare room after this matrix's rows (there must be enough)."""
+        width, end = self.dimensions, self.size + len(rows)
         for row in rows:
             if len(row[1]) != width * 4:
                 raise DimensionMismatch(
                     f"stored vectors stamped {self.model} have {width} and {len(row[1]) // 4} dimensions: one model "
                     "name was used for two models; re-embed with `memshelf backfill` under a distinct model name")
-        new_size = self.size + len(rows)
-        keys, matrix, confidence, expires = self._keys, self._matrix, self._confidence, self._expires
-        if new_size > keys.shape[0] or matrix.shape[1] != width:
-            capacity = max(new_size, 2 * self.size, 64)
-            keys, matrix = _grow(keys, self.size, capacity), _grow(matrix, self.size, capacity, width)
-            confidence, expires = _grow(confidence, self.size, capacity), _grow(expires, self.size, capacity)
-        blob = b"".join(row[1] for row in rows)
-        matrix[self.size:new_size] = normalize(np.frombuffer(blob, dtype="<f4").reshape(len(rows), width))
-        keys[self.size:new_size] = [row[0] for row in rows]
-        confidence[self.size:new_size] = [row[2] for row in rows]
-        expires[self.size:new_size] = [_epoch(parse_time(row[3])) for row in rows]
-        return VectorMatrix(self.model, new_size, keys, matrix, confidence, expires)
+        raw = np.frombuffer(b"".join(row[1] for row in rows), dtype="<f4").reshape(len(rows), width)
+        normalize(raw, out=self._matrix[self.size:end])
+        self._keys[self.size:end] = [row[0] for row in rows]
+        self._confidence[self.size:end] = [row[2] for row in rows]
+        self._expires[self.size:end] = [_epoch(parse_time(row[3])) for row in rows]
+        return VectorMatrix(self.model, end, self._keys, self._matrix, self._confidence, self._expires)
 
 
-def _grow(array: np.ndarray, used: int, capacity: int, width: int | None = None) -> np.ndarray:
-    shape = (capacity,) if array.ndim == 1 else (capacity, width if width is not None else array.shape[1])
-    grown = np.zeros(shape, dtype=array.dtype)
-    grown[:used] = array[:used]
-    return grown
+def _buffers(capacity: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Zeroed keys, matrix, confidence and expiry buffers (zeroed pages cost no memory until written)."""
+    return (np.zeros(capacity, np.int64), np.zeros((capacity, width), np.float32), np.zeros(capacity, np.float32),
+            np.zeros(capacity, np.float64))
 
 
 def _epoch(when: datetime | None) -> float:
@@ -162,3 +189,77 @@ def top_k(vm: VectorMatrix, query: np.ndarray, limit: int, floor: float, now: fl
         candidates = candidates[part]
     order = sorted(candidates.tolist(), key=lambda i: (-float(scores[i]), -float(vm.confidence[i]), -int(vm.keys[i])))
     return [(i, float(scores[i])) for i in order]
+
+
+CACHE_ENV = "MEMSHELF_VECTOR_CACHE_MB"
+CACHE_MB_DEFAULT = 1024
+"""Room for about 650,000 vectors of 384 dimensions (or 170,000 of 1,536) across all owners of one store."""
+ENTRY_OVERHEAD = 1024
+"""Bytes an entry costs besides its buffers (its key, the entry and four array headers), so that many owners with
+few or no vectors count against the bound too."""
+
+Key = TypeVar("Key", bound=Hashable)
+Value = TypeVar("Value")
+
+
+def cache_limit_bytes(megabytes: float | None = None) -> int:
+    """The vector cache's bound: `megabytes` when given, else MEMSHELF_VECTOR_CACHE_MB, else the default."""
+    name, raw = ("vector_cache_mb", str(megabytes)) if megabytes is not None else (CACHE_ENV, os.environ.get(CACHE_ENV))
+    try:
+        value = float(raw) if raw is not None and raw.strip() else float(CACHE_MB_DEFAULT)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise ConfigError(f"{name} must be a number of megabytes, 0 or more, such as {CACHE_MB_DEFAULT} (0 keeps no "
+                          f"vectors in memory between searches), got {raw!r}")
+    return int(value * 1_000_000)
+
+
+class VectorCache(Generic[Key, Value]):
+    """Values kept between searches, bounded by bytes: the least recently used go first. A value bigger than the
+    whole bound is not kept (its owner's vectors are read from the database at every search). Thread safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Key, tuple[Value, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes counted against the bound: every kept value's buffers plus ENTRY_OVERHEAD each."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Key) -> Value | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: Key, value: Value, nbytes: int) -> bool:
+        """Keep `value` (whose buffers hold `nbytes`), evicting the least recently used; False if it cannot fit."""
+        cost = nbytes + ENTRY_OVERHEAD
+        with self._lock:
+            self._drop(key)
+            if cost > self.max_bytes:
+                return False
+            self._entries[key] = (value, cost)
+            self._bytes += cost
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def _drop(self, key: Key) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -16,10 +17,12 @@ import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, StoreError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from ..vectors import VectorMatrix, top_k
+from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
 from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
 from .sqlite_fts import TenantIndexes
 from .sqlite_schema import MIGRATIONS
+
+log = logging.getLogger("memshelf")
 
 BUSY_TIMEOUT_MS = 30_000
 CONTEXT_WEIGHT = 1.0
@@ -79,6 +82,11 @@ OWNER_TOKEN_SHARE = 0.25
 token only costs time: bm25 walks its whole doclist, which is most of the file."""
 
 
+REFRESH_LOCKS = 16
+"""Refreshes of one owner's matrix are serialized (appends write into shared spare room); different owners mostly
+take different locks, so reading a big owner's vectors from the file does not hold up everyone else."""
+
+
 @dataclass
 class _OwnerVectors:
     generation: int
@@ -89,8 +97,10 @@ class _OwnerVectors:
 class SQLiteStore(Store):
     """One file (or ':memory:'), one connection per thread, WAL so several processes can share the file."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, vector_cache_mb: float | None = None) -> None:
         self.path = path
+        self._vectors: VectorCache[tuple[str, str, str], _OwnerVectors]
+        self._vectors = VectorCache(cache_limit_bytes(vector_cache_mb))
         self._memory_db = path == ":memory:" or path.startswith("file::memory:")
         if self._memory_db:
             # One shared in-memory database for every thread of this store.
@@ -103,8 +113,8 @@ class SQLiteStore(Store):
         self._local = threading.local()
         self._all_connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._refresh_lock = threading.Lock()
-        self._vectors: dict[tuple[str, str, str], _OwnerVectors] = {}
+        self._refresh_locks = [threading.Lock() for _ in range(REFRESH_LOCKS)]
+        self._warned_cache_full = False
         self._keepalive = self._connection()  # holds a shared in-memory database open
         self._fts = TenantIndexes(self._q)
         self._migrate()
@@ -371,23 +381,32 @@ class SQLiteStore(Store):
 
     def _owner_vectors(self, owner: Owner, model: str) -> VectorMatrix:
         """The owner's vectors of `model`, cached in process: new rows are appended to the cached matrix, and any
-        other change (delete, re-embed, expiry or confidence change) rebuilds it."""
+        other change (delete, re-embed, expiry or confidence change) rebuilds it, as does a search after eviction."""
         row = self._q("SELECT generation, appended FROM owner_generation WHERE tenant = ? AND user_id = ?",
                       (owner.tenant, owner.user)).fetchone()
-        generation, appended = row if row else (0, 0)
+        stamp: tuple[int, int] = (row[0], row[1]) if row else (0, 0)
         cache_key = (owner.tenant, owner.user, model)
         cached = self._vectors.get(cache_key)
-        if cached is not None and (cached.generation, cached.appended) == (generation, appended):
+        if cached is not None and (cached.generation, cached.appended) == stamp:
             return cached.matrix
-        with self._refresh_lock:  # one refresh at a time: appends write into shared spare capacity
+        with self._refresh_locks[hash(cache_key) % REFRESH_LOCKS]:
             cached = self._vectors.get(cache_key)
-            if cached is not None and cached.generation == generation:
-                rows = self._vector_rows(owner, model, after=cached.matrix.last_key)
-                matrix = cached.matrix.extended(rows, parse_ts)
+            if cached is not None and (cached.generation, cached.appended) == stamp:
+                return cached.matrix  # another thread refreshed it meanwhile
+            if cached is not None and cached.generation == stamp[0]:
+                matrix = cached.matrix.extended(self._vector_rows(owner, model, after=cached.matrix.last_key), parse_ts)
             else:
                 matrix = VectorMatrix.build(model, self._vector_rows(owner, model, after=-1), parse_ts)
-            self._vectors[cache_key] = _OwnerVectors(generation, appended, matrix)
+            if not self._vectors.put(cache_key, _OwnerVectors(stamp[0], stamp[1], matrix), matrix.nbytes):
+                self._warn_cache_full(matrix)
         return matrix
+
+    def _warn_cache_full(self, matrix: VectorMatrix) -> None:
+        if not self._warned_cache_full:
+            self._warned_cache_full = True
+            log.warning("an owner's %s vectors (%.0f MB) do not fit in the vector cache (%.0f MB): each of its "
+                        "searches reads them from the file; raise %s to keep them in memory", matrix.model,
+                        matrix.nbytes / 1e6, self._vectors.max_bytes / 1e6, CACHE_ENV)
 
     def _vector_rows(self, owner: Owner, model: str, after: int) -> list[Sequence]:
         return self._q(

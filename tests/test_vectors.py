@@ -1,0 +1,261 @@
+"""The in-process vector search of the SQLite store: the cached matrices (their growth, their byte bound, eviction)
+and concurrent searches, plus the assistant's first loop (recall on an empty memory, remember, recall) by meaning
+on both backends."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from fakes import HashEmbedder
+from test_server import LiveServer, bearer
+from threadpoolctl import threadpool_info
+
+from memshelf import ConfigError, Owner, Shelf
+from memshelf.server import create_app
+from memshelf.stores.sqlite import SQLiteStore
+from memshelf.vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, VectorMatrix, pack
+
+KALEB = Owner("home", "kaleb")
+MAYA = Owner("home", "maya")
+PRINTER = "The office printer is on 192.168.1.40."
+
+
+def contents(hits):
+    return [h.memory.content for h in hits]
+
+
+def cache(shelf):
+    return shelf.store._vectors
+
+
+# ---------------------------------------------------------------- the first loop, by meaning
+@pytest.mark.slow
+def test_recall_on_an_empty_memory_then_remember_then_recall(open_shelf, local_embedder):
+    shelf = open_shelf(embedder=local_embedder)
+    assert shelf.search(KALEB, "where is the printer?") == []
+    assert shelf.search(KALEB, "where is the printer?", mode="semantic") == []
+    shelf.remember(KALEB, "network", PRINTER)
+    for mode in ("semantic", "hybrid"):
+        assert contents(shelf.search(KALEB, "which address does the printer have", mode=mode)) == [PRINTER]
+    assert "192.168.1.40" in shelf.context(KALEB, "printer address")
+    assert "192.168.1.40" in shelf.build_prompt("You are helpful.", KALEB, "where is the printer")
+    shelf.remember(KALEB, "home", "The coffee maker starts at 07:00.")
+    assert contents(shelf.search(KALEB, "when does the coffee start", mode="semantic", limit=1)) == [
+        "The coffee maker starts at 07:00."]
+
+
+@pytest.mark.slow
+def test_forget_everything_then_remember_then_recall(open_shelf, local_embedder):
+    shelf = open_shelf(embedder=local_embedder)
+    first = shelf.remember(KALEB, "network", PRINTER)
+    assert contents(shelf.search(KALEB, "printer", mode="semantic")) == [PRINTER]
+    shelf.forget(KALEB, first.id)
+    assert shelf.search(KALEB, "printer", mode="semantic") == []
+    shelf.remember(KALEB, "network", "The printer moved to 10.0.0.7.")
+    assert contents(shelf.search(KALEB, "printer", mode="semantic")) == ["The printer moved to 10.0.0.7."]
+    shelf.forget_user(KALEB)
+    assert shelf.search(KALEB, "printer", mode="semantic") == []
+    shelf.remember(KALEB, "network", PRINTER)
+    assert contents(shelf.search(KALEB, "printer", mode="semantic")) == [PRINTER]
+
+
+@pytest.mark.slow
+def test_empty_owners_and_models_each_fill_on_their_own(open_shelf, local_embedder):
+    real = open_shelf(embedder=local_embedder)
+    hashed = open_shelf(embedder=HashEmbedder())  # another model on the same database
+    for shelf in (real, hashed):
+        for owner in (KALEB, MAYA):
+            assert shelf.search(owner, "printer", mode="semantic") == []
+    real.remember(KALEB, "network", PRINTER)
+    assert hashed.search(KALEB, "printer", mode="semantic") == []  # the other model's vectors are never compared
+    hashed.remember(MAYA, "network", "Maya's printer is in the hall.")
+    hashed.remember(KALEB, "home", "The printer in the office is new.")
+    assert contents(real.search(KALEB, "printer address", mode="semantic")) == [PRINTER]
+    assert contents(real.search(MAYA, "printer", mode="semantic")) == []
+    assert contents(hashed.search(KALEB, "printer office", mode="semantic")) == ["The printer in the office is new."]
+    assert contents(hashed.search(MAYA, "printer hall", mode="semantic")) == ["Maya's printer is in the hall."]
+
+
+@pytest.mark.slow
+def test_first_loop_over_http(tmp_path, local_embedder):
+    db = tmp_path / "memshelf.db"
+    with Shelf.open(db, embedder=local_embedder) as shelf:
+        secret = shelf.create_key("acme")[1]
+        with LiveServer(create_app(shelf)) as live, \
+                httpx.Client(base_url=live.url, headers=bearer(secret), timeout=30) as client:
+            question = {"question": "where is the printer?", "mode": "semantic"}
+            assert client.post("/v1/users/bob/search", json=question).json()["hits"] == []
+            assert client.post("/v1/users/bob/memories", json={"topic": "network", "content": PRINTER}).is_success
+            for _ in range(2):
+                found = client.post("/v1/users/bob/search", json=question)
+                assert found.status_code == 200
+                assert [h["memory"]["content"] for h in found.json()["hits"]] == [PRINTER]
+            assert "192.168.1.40" in client.post("/v1/users/bob/context", json={"question": "printer"}).json()[
+                "context"]
+
+
+# ---------------------------------------------------------------- matrix growth
+def rows_of(vectors: np.ndarray, first_key: int = 1) -> list[tuple]:
+    return [(first_key + i, pack(v), 1.0, None) for i, v in enumerate(vectors)]
+
+
+def no_time(value):
+    return None
+
+
+def test_a_built_matrix_is_exactly_its_rows_and_an_empty_one_grows_to_any_width():
+    rng = np.random.default_rng(1)
+    one = VectorMatrix.build("m", rows_of(rng.standard_normal((1, 384))), no_time)
+    assert (one.capacity, one.nbytes) == (1, 384 * 4 + 8 + 4 + 8)
+    empty = VectorMatrix.build("m", [], no_time)
+    grown = empty.extended(rows_of(rng.standard_normal((3, 384))), no_time)
+    assert (grown.size, grown.dimensions, grown.capacity) == (3, 384, 3)
+    assert np.allclose(np.linalg.norm(grown.matrix, axis=1), 1.0)
+
+
+def test_appends_copy_each_row_a_bounded_number_of_times_and_leave_bounded_room():
+    rng = np.random.default_rng(2)
+    vectors = rng.standard_normal((2000, 16)).astype(np.float32)
+    matrix = VectorMatrix.build("m", rows_of(vectors[:1]), no_time)
+    reallocations = 0
+    for i in range(1, len(vectors)):
+        before = matrix._matrix
+        older = matrix
+        matrix = matrix.extended(rows_of(vectors[i:i + 1], first_key=i + 1), no_time)
+        reallocations += matrix._matrix is not before
+        assert matrix.capacity <= matrix.size + matrix.size // GROWTH
+        assert older.size == i and older.last_key == i  # what a reader holds never changes
+    assert reallocations < 40
+    assert np.array_equal(matrix.keys, np.arange(1, 2001))
+    assert np.allclose(matrix.matrix, vectors / np.linalg.norm(vectors, axis=1, keepdims=True), atol=1e-6)
+
+
+# ---------------------------------------------------------------- the byte-bounded cache
+def shelf_with_owners(path, owners: int, per_owner: int, **options) -> tuple[Shelf, list[Owner]]:
+    shelf = Shelf.open(path, embedder=HashEmbedder(), **options)
+    people = [Owner("t", f"user{i}") for i in range(owners)]
+    for owner in people:
+        shelf.remember_many(owner, [{"topic": "note", "content": f"{owner.user} note {j} about item{j}"}
+                                    for j in range(per_owner)])
+    return shelf, people
+
+
+def own_answers(shelf: Shelf, people: list[Owner]) -> list[list[str]]:
+    return [contents(shelf.search(owner, f"{owner.user} note 3 about item3", mode="semantic", limit=3))
+            for owner in people]
+
+
+def test_the_cache_stays_under_its_bound_and_evicted_owners_are_rebuilt(tmp_path, monkeypatch):
+    path = tmp_path / "many.db"
+    roomy, people = shelf_with_owners(path, owners=300, per_owner=5)
+    expected = own_answers(roomy, people)
+    assert all(answer[0] == f"{owner.user} note 3 about item3" for owner, answer in zip(people, expected))
+    roomy.close()
+
+    monkeypatch.setenv(CACHE_ENV, "0.1")
+    tight = Shelf.open(path, embedder=HashEmbedder())
+    assert cache(tight).max_bytes == 100_000
+    for _ in range(2):  # the second pass searches owners evicted during the first
+        assert own_answers(tight, people) == expected
+        assert 0 < cache(tight).nbytes <= 100_000
+        assert len(cache(tight)) < len(people)
+    entry = 5 * (64 * 4 + 8 + 4 + 8) + ENTRY_OVERHEAD
+    assert len(cache(tight)) == 100_000 // entry  # full, with the most recently searched owners
+    tight.remember(people[0], "note", "user0 a sixth note")  # an append to an evicted owner
+    assert own_answers(tight, people[:1]) == expected[:1]
+    tight.close()
+
+
+def test_a_cache_of_zero_keeps_nothing_and_still_finds_everything(tmp_path, caplog):
+    shelf, people = shelf_with_owners(tmp_path / "zero.db", owners=3, per_owner=5, )
+    expected = own_answers(shelf, people)
+    shelf.close()
+    store = SQLiteStore(str(tmp_path / "zero.db"), vector_cache_mb=0)
+    shelf = Shelf(store, embedder=HashEmbedder())
+    with caplog.at_level("WARNING", logger="memshelf"):
+        assert own_answers(shelf, people) == own_answers(shelf, people) == expected
+    assert len(cache(shelf)) == 0 and cache(shelf).nbytes == 0
+    assert sum(CACHE_ENV in r.getMessage() for r in caplog.records) == 1  # said once, with what to change
+    shelf.close()
+
+
+def test_the_cache_bound_is_read_from_the_environment_when_the_store_opens(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    with Shelf.open(tmp_path / "a.db", embedder=None) as shelf:
+        assert cache(shelf).max_bytes == 1024 * 1_000_000
+    monkeypatch.setenv(CACHE_ENV, " 64 ")
+    with Shelf.open(tmp_path / "b.db", embedder=None) as shelf:
+        monkeypatch.setenv(CACHE_ENV, "8")  # too late for this store
+        assert cache(shelf).max_bytes == 64 * 1_000_000
+    assert SQLiteStore(str(tmp_path / "c.db"), vector_cache_mb=2.5)._vectors.max_bytes == 2_500_000
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1e400", "64MB"])
+def test_a_bad_cache_bound_is_a_config_error_that_says_what_to_write(tmp_path, monkeypatch, value):
+    monkeypatch.setenv(CACHE_ENV, value)
+    with pytest.raises(ConfigError, match=f"{CACHE_ENV} must be a number of megabytes, 0 or more, such as 1024"):
+        Shelf.open(tmp_path / "bad.db", embedder=None)
+    assert not (tmp_path / "bad.db").exists()  # refused before anything is written
+    with pytest.raises(ConfigError, match="vector_cache_mb must be a number"):
+        SQLiteStore(str(tmp_path / "bad.db"), vector_cache_mb=-5)
+
+
+# ---------------------------------------------------------------- concurrency
+def blas_threads() -> set[int]:
+    return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+
+def test_searches_leave_the_process_blas_threads_alone():
+    """The BLAS thread count is process-wide: a search that changed it would change it under every other thread,
+    and one search finishing would undo it under another still scanning."""
+    from memshelf.vectors import top_k
+
+    rng = np.random.default_rng(5)
+    matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((20_000, 64))), no_time)
+    stop = threading.Event()
+
+    def search() -> None:
+        while not stop.is_set():
+            top_k(matrix, rng.standard_normal(64).astype(np.float32), 10, 0.0, 0.0)
+
+    before = blas_threads()  # the library's default: as many threads as cores
+    workers = [threading.Thread(target=search) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        samples = [blas_threads() for _ in range(60)]
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert all(sample == before for sample in samples)
+
+
+def test_concurrent_searches_give_the_serial_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, "0.05")  # small enough that threads evict and rebuild under each other
+    shelf, people = shelf_with_owners(tmp_path / "busy.db", owners=40, per_owner=8)
+    questions = [(owner, f"{owner.user} note {j} about item{j}") for owner in people for j in range(0, 8, 3)]
+
+    def answer(job: tuple[Owner, str]) -> list[tuple[str, float]]:
+        return [(h.memory.content, h.score) for h in shelf.search(job[0], job[1], mode="semantic", limit=4)]
+
+    serial = [answer(job) for job in questions]
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(3):
+            assert list(pool.map(answer, questions)) == serial
+    shelf.close()
+
+
+def test_concurrent_split_scans_give_the_serial_answers():
+    from memshelf.vectors import PARALLEL_ROWS, top_k
+
+    rng = np.random.default_rng(4)
+    matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((PARALLEL_ROWS + 1000, 32))), no_time)
+    queries = rng.standard_normal((24, 32)).astype(np.float32)
+    serial = [top_k(matrix, q, 10, -1.0, 0.0) for q in queries]
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(lambda q: top_k(matrix, q, 10, -1.0, 0.0), queries)) == serial
