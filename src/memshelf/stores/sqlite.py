@@ -179,11 +179,18 @@ class SQLiteStore(Store):
                     continue
                 for statement in _split_sql(script):
                     conn.execute(statement)
-                if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
-                    for (tenant,) in conn.execute("SELECT DISTINCT tenant FROM memories").fetchall():
-                        self._fts.names(tenant, create=True)
+                self._after_migration(name)
                 conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
                              (name, ts(datetime.now(UTC))))
+
+    def _after_migration(self, name: str) -> None:
+        """The part of a migration that SQL alone cannot say: it walks the tenants."""
+        if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
+            for (tenant,) in self._q("SELECT DISTINCT tenant FROM memories").fetchall():
+                self._fts.index_existing(tenant)
+        elif name == "m005_fts_reindex":  # undo the double entries and the piled-up levels of older versions
+            for (tenant,) in self._q("SELECT tenant FROM fts_tenants").fetchall():
+                self._fts.rebuild(tenant)
 
     def applied_migrations(self) -> list[str]:
         return [r[0] for r in self._q("SELECT name FROM memshelf_migrations ORDER BY name")]
@@ -533,7 +540,7 @@ class SQLiteStore(Store):
         entries from their segments) and checkpoint the WAL so old page images are overwritten. secure_delete
         zeroes freed pages."""
         with self.atomic():
-            self._fts.optimize(tenants)
+            self._fts.scrub(tenants)
         if not self._memory_db:
             self._q("PRAGMA wal_checkpoint(TRUNCATE)")
 

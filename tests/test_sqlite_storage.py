@@ -1,0 +1,161 @@
+"""SQLite storage correctness: the full-text index stays exact through every kind of write and thousands of
+erasures, erasure never holds writers behind a reader, and every SQLite error becomes the memshelf error that says
+what happened (busy: retry; bad data: fix it; anything else: what SQLite said)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from fakes import HashEmbedder
+from memshelf import Owner, Shelf
+from memshelf.stores import sqlite as sqlite_store
+from memshelf.stores.sqlite import SQLiteStore
+from memshelf.stores.sqlite_schema import MIGRATIONS
+
+KALEB = Owner("home", "kaleb")
+MAYA = Owner("home", "maya")
+
+
+def file_bytes(db: Path) -> bytes:
+    return b"".join(Path(f"{db}{suffix}").read_bytes() for suffix in ("", "-wal")
+                    if Path(f"{db}{suffix}").exists())
+
+
+def assert_index_consistent(db: Path) -> None:
+    """Each tenant's full-text tables index exactly that tenant's rows, once each: FTS5's integrity-check against
+    the content (run on a copy whose memories table holds only that tenant's rows, since the content table is
+    shared), and for every owner as many index entries as rows."""
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    with sqlite3.connect(db) as source:
+        source.backup(copy)
+    tables = {r[0]: (r[1], r[2]) for r in copy.execute("SELECT tenant, words, context FROM fts_tenants")}
+    with_rows = {r[0] for r in copy.execute("SELECT DISTINCT tenant FROM memories")}
+    assert with_rows <= set(tables), f"tenants without full-text tables: {with_rows - set(tables)}"
+    for tenant, names in tables.items():
+        copy.execute("BEGIN")
+        copy.execute("DELETE FROM memories WHERE tenant != ?", (tenant,))
+        rows = copy.execute("SELECT count(*) FROM memories").fetchone()[0]
+        owners = copy.execute("SELECT owner_tag, count(*) FROM memories GROUP BY owner_tag").fetchall()
+        for name in names:
+            try:
+                copy.execute(f"INSERT INTO {name} ({name}, rank) VALUES ('integrity-check', 1)")
+            except sqlite3.DatabaseError as exc:
+                raise AssertionError(f"{name} of tenant {tenant!r} fails FTS5's integrity-check: {exc}") from exc
+            assert copy.execute(f"SELECT count(*) FROM {name}_docsize").fetchone()[0] == rows, (tenant, name)
+            for tag, count in owners:
+                indexed = copy.execute(f"SELECT count(*) FROM {name} WHERE {name} MATCH ?",
+                                       (f'owner_tag : "{tag}"',)).fetchone()[0]
+                assert indexed == count, (tenant, name, tag)
+        copy.execute("ROLLBACK")
+    copy.close()
+
+
+# ---------------------------------------------------------------------------------------------- index integrity
+
+def test_the_first_memory_of_a_tenant_is_indexed_once(tmp_path):
+    db = tmp_path / "memory.db"
+    printer, router = "The printer is on the second floor.", "The router is in the cupboard."
+    with Shelf.open(db, embedder=None) as shelf:
+        shelf.remember(KALEB, "network", printer)
+        assert_index_consistent(db)
+        shelf.remember(KALEB, "network", router)
+        assert_index_consistent(db)
+        with Shelf.open(tmp_path / "other.db", embedder=None) as other:  # the same rows, the router first
+            other.remember(KALEB, "network", router)
+            other.remember(KALEB, "network", printer)
+            # bm25 counted the tenant's first row twice: then the order of the writes moved the scores
+            assert shelf.search(KALEB, "printer")[0].score == other.search(KALEB, "printer")[0].score
+
+
+def test_the_index_matches_the_rows_after_every_kind_of_write(tmp_path, clock):
+    db = tmp_path / "memory.db"
+    embedder = HashEmbedder()
+    shelf = Shelf.open(db, embedder=None, clock=clock)
+    writes = {
+        "remember": lambda: shelf.remember(KALEB, "chat", "The printer is old."),
+        "remember more": lambda: shelf.remember_many(MAYA, [{"topic": "chat", "content": f"Maya said {i}."}
+                                                            for i in range(5)]),
+        "repeat": lambda: shelf.remember(KALEB, "chat", "The printer is old."),
+        "expiring": lambda: shelf.remember(KALEB, "chat", "The code is 1234 today.", ttl=10),
+        "import": lambda: shelf.import_(Owner("other", "ann"), (json.loads(line) for line in
+                                                               _export_lines(shelf, KALEB))),
+        "forget": lambda: shelf.forget(MAYA, shelf.list_memories(MAYA)[0][0].id),
+        "purge": lambda: (clock.advance(60), shelf.purge_expired()),
+        "set_vectors": lambda: Shelf(shelf.store, embedder=embedder).backfill(),
+        "forget_user": lambda: shelf.forget_user(MAYA),
+        "forget_tenant": lambda: shelf.forget_tenant("other"),
+    }
+    for name, write in writes.items():
+        write()
+        try:
+            assert_index_consistent(db)
+        except AssertionError as exc:
+            raise AssertionError(f"after {name}: {exc}") from exc
+    assert [h.memory.content for h in shelf.search(KALEB, "printer")] == ["The printer is old."]
+    shelf.close()
+
+
+def _export_lines(shelf: Shelf, owner: Owner) -> list[str]:
+    return [json.dumps(record) for record in shelf.export(owner)]
+
+
+def test_upgrading_repairs_a_double_indexed_tenant(tmp_path, monkeypatch):
+    """A file written before m005: each tenant's first memory indexed twice, and levels piled up by full merges.
+    Opening it with this version rebuilds each tenant's tables from that tenant's rows only."""
+    db = tmp_path / "memory.db"
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", MIGRATIONS[:4])
+    old = SQLiteStore(str(db))
+    shelf = Shelf(old, embedder=None)
+    for owner in (KALEB, Owner("acme", "ann")):
+        shelf.remember(owner, "network", f"{owner.user} says the printer is old.")
+        shelf.remember(owner, "network", f"{owner.user} says the router is new.")
+    with old.atomic():  # what older versions did: the first row indexed again, then a full merge per erasure
+        for tenant, words, context in old._q("SELECT tenant, words, context FROM fts_tenants").fetchall():
+            pk, topic, content, tag, ctx = old._q("SELECT pk, topic, content, owner_tag, context FROM memories"
+                                                  " WHERE tenant = ? ORDER BY pk LIMIT 1", (tenant,)).fetchone()
+            old._q(f"INSERT INTO {words} (rowid, topic, content, owner_tag) VALUES (?, ?, ?, ?)",
+                   (pk, topic, content, tag))
+            old._q(f"INSERT INTO {context} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",
+                   (pk, topic, content, tag, ctx))
+            for _ in range(3):
+                old._q(f"INSERT INTO {words} ({words}) VALUES ('optimize')")
+    old.close()
+    with pytest.raises(AssertionError):
+        assert_index_consistent(db)
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", MIGRATIONS)
+    with Shelf.open(db, embedder=None) as shelf:
+        assert shelf.store.applied_migrations()[-1] == "m005_fts_reindex"  # type: ignore[attr-defined]
+        assert_index_consistent(db)
+        assert len(shelf.search(KALEB, "printer router")) == 2
+        shelf.remember(KALEB, "network", "The scanner is broken.")
+        assert_index_consistent(db)
+
+
+@pytest.mark.slow
+def test_thousands_of_forgets_in_one_tenant_leave_everything_working(tmp_path):
+    """Every erasure scrubs the index with a full merge; on SQLite 3.40 each one added levels, and after about a
+    thousand forgets in one tenant its tables read as corrupt: remember, forget and even forget_tenant failed."""
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    ann, bob = Owner("acme", "ann"), Owner("acme", "bob")
+    kept = shelf.remember_many(bob, [{"topic": "notes", "content": f"Bob keeps note {i}."} for i in range(50)])
+    doomed = shelf.remember_many(ann, [{"topic": "notes", "content": f"Ann's note {i} says quokka{i}x."}
+                                       for i in range(2_100)])
+    for memory in doomed[:2_000]:
+        shelf.forget(ann, memory.id)
+    assert_index_consistent(db)
+    assert b"quokka1234x" not in file_bytes(db) and b"quokka7x" not in file_bytes(db)
+    assert len(shelf.search(ann, "note", limit=1000)) == 100
+    shelf.remember(ann, "notes", "Ann's fresh note about a wombat.")
+    assert shelf.search(ann, "wombat")[0].memory.content == "Ann's fresh note about a wombat."
+    shelf.forget(bob, kept[0].id)
+    assert_index_consistent(db)
+    assert shelf.forget_user(ann).memories == 101
+    assert_index_consistent(db)
+    assert shelf.forget_tenant("acme").memories == 49
+    assert_index_consistent(db)
+    shelf.close()
