@@ -8,10 +8,13 @@ import json
 import sqlite3
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fakes import HashEmbedder
-from memshelf import Owner, Shelf
+from memshelf import InvalidInput, Owner, Shelf, StoreError, StoreUnavailable
+from memshelf.model import NewMemory
+from memshelf.server import create_app
 from memshelf.stores import sqlite as sqlite_store
 from memshelf.stores.sqlite import SQLiteStore
 from memshelf.stores.sqlite_schema import MIGRATIONS
@@ -158,4 +161,117 @@ def test_thousands_of_forgets_in_one_tenant_leave_everything_working(tmp_path):
     assert_index_consistent(db)
     assert shelf.forget_tenant("acme").memories == 49
     assert_index_consistent(db)
+    shelf.close()
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+def _hold_the_write_lock(db: Path) -> sqlite3.Connection:
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    return writer
+
+
+def test_a_locked_file_is_retryable_and_writes_nothing(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = Shelf(SQLiteStore(str(db), busy_timeout_ms=200), embedder=None)
+    shelf.remember(KALEB, "t", "Before the lock.")
+    writer = _hold_the_write_lock(db)
+    with pytest.raises(StoreUnavailable, match="busy.*retry"):
+        shelf.remember(KALEB, "t", "During the lock.")
+    writer.close()
+    assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["Before the lock."]
+    shelf.remember(KALEB, "t", "After the lock.")  # the same call succeeds once the lock is gone
+    assert_index_consistent(db)
+    shelf.close()
+
+
+def test_migrations_on_a_locked_file_are_retryable(tmp_path):
+    db = tmp_path / "memory.db"
+    sqlite3.connect(db).close()
+    writer = _hold_the_write_lock(db)
+    with pytest.raises(StoreUnavailable):
+        SQLiteStore(str(db), busy_timeout_ms=100)
+    writer.close()
+    store = SQLiteStore(str(db), busy_timeout_ms=100)
+    assert store.applied_migrations() == [name for name, _ in MIGRATIONS]
+    store.close()
+
+
+def test_bad_data_is_invalid_input_and_writes_nothing(tmp_path):
+    db = tmp_path / "memory.db"
+    store = SQLiteStore(str(db))
+    good = NewMemory("t", "A fine memory.", "stated", 1.0, None)
+    nan = NewMemory("t", "A memory with no confidence.", "stated", float("nan"), None)
+    with pytest.raises(InvalidInput, match="refused a value"):
+        store.add_memories(KALEB, [good, nan], good.created_at)
+    assert store.stats()["memories"] == 0
+    assert_index_consistent(db)
+    store.close()
+
+
+def test_a_failed_rollback_does_not_hide_the_first_error(tmp_path):
+    """When ROLLBACK itself fails (here SQLite interrupts it), the caller sees the error that made atomic() roll
+    back, not the rollback's; and the transaction is gone all the same."""
+    shelf = Shelf.open(tmp_path / "memory.db", embedder=None)
+    shelf.remember(KALEB, "t", "Still here afterwards.")
+    store = shelf.store
+    with pytest.raises(ZeroDivisionError):
+        with store.atomic():
+            store._q("DELETE FROM memories")  # type: ignore[attr-defined]
+            store._connection().set_progress_handler(lambda: 1, 1)  # type: ignore[attr-defined]  # every statement
+            1 / 0  # noqa: B018
+    assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["Still here afterwards."]
+    shelf.remember(KALEB, "t", "And the store still writes.")
+    shelf.close()
+
+
+def test_a_full_disk_is_a_store_error_that_says_so(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    shelf.remember(KALEB, "t", "Before the disk filled up.")
+    conn = shelf.store._connection()  # type: ignore[attr-defined]
+    conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+    with pytest.raises(StoreError, match="disk .* is full") as caught:
+        shelf.remember(KALEB, "t", "x" * 15_000)
+    assert not isinstance(caught.value, StoreUnavailable)  # retrying the same call cannot help
+    conn.execute("PRAGMA max_page_count = 1073741823")
+    shelf.remember(KALEB, "t", "After space was freed.")
+    assert len(shelf.list_memories(KALEB)[0]) == 2
+    assert_index_consistent(db)
+    shelf.close()
+
+
+@pytest.mark.slow
+def test_http_says_503_for_busy_422_for_bad_data_500_for_the_rest(tmp_path):
+    from test_server import LiveServer, bearer
+
+    db = tmp_path / "memory.db"
+    shelf = Shelf(SQLiteStore(str(db), busy_timeout_ms=200), embedder=None)
+    secret = shelf.create_key("acme")[1]
+    with sqlite3.connect(db) as conn:  # rules a DBA could add: the database itself refuses some rows
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON memories WHEN new.content LIKE '%forbidden%'"
+                     " BEGIN SELECT RAISE(ABORT, 'forbidden word'); END")
+        conn.execute("CREATE TRIGGER audit AFTER INSERT ON memories WHEN new.content LIKE '%audited%'"
+                     " BEGIN SELECT json_extract('{broken', '$'); END")  # fails: the database's fault, not the caller's
+    with LiveServer(create_app(shelf)) as live, \
+            httpx.Client(base_url=live.url, headers=bearer(secret), timeout=30) as client:
+        def post(content: str) -> httpx.Response:
+            return client.post("/v1/users/kaleb/memories", json={"topic": "t", "content": content})
+
+        assert post("A fine memory.").status_code == 201
+        writer = _hold_the_write_lock(db)
+        busy = post("Written while the file is locked.")
+        writer.close()
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1", busy.text
+        assert busy.json()["error"]["type"] == "store_unavailable"
+        bad = post("A forbidden memory.")
+        assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_input", bad.text
+        assert "Retry-After" not in bad.headers
+        broken = post("An audited memory.")
+        assert broken.status_code == 500 and broken.json()["error"]["type"] == "store_error", broken.text
+        assert "malformed JSON" in broken.json()["error"]["message"]
+        assert post("Written after the lock.").status_code == 201
+        contents = [m["content"] for m in client.get("/v1/users/kaleb/memories").json()["items"]]
+        assert sorted(contents) == ["A fine memory.", "Written after the lock."]
     shelf.close()

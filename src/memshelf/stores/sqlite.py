@@ -14,7 +14,7 @@ from typing import overload
 
 import numpy as np
 
-from ..errors import DimensionMismatch, InvalidInput, StoreError
+from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import VectorMatrix, top_k
 from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
@@ -56,6 +56,32 @@ def _memory(row: Sequence) -> Memory:
                   observations=row[8], embed_model=row[9])
 
 
+_BAD_DATA = {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE}
+_NO_ACCESS = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH}
+
+
+def translate(exc: sqlite3.Error, path: str) -> MemshelfError:
+    """A SQLite error as memshelf's: busy or locked can succeed when retried, bad data is the caller's to fix, and
+    anything else says what SQLite said about the file."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code under an extended one
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreUnavailable(f"the SQLite file {path} is busy: another connection holds its write lock ({exc}); "
+                                "nothing was written, retry in a moment")
+    if code in _BAD_DATA or isinstance(exc, sqlite3.DataError):
+        return InvalidInput(f"SQLite refused a value ({exc}): a field is missing, not a number, of the wrong type "
+                            "or too large; nothing was written, fix the value and retry")
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return StoreError(f"the SQLite file {path} is damaged or not a database ({exc}): restore it from a backup "
+                          "or recover it with `sqlite3 FILE .recover`")
+    if code == sqlite3.SQLITE_FULL:
+        return StoreError(f"the disk holding {path} is full ({exc}): nothing was written; free space and retry")
+    if code in _NO_ACCESS:
+        return StoreError(f"cannot open or write the SQLite file {path} ({exc}): check the path and the "
+                          "permissions of the file and its folder")
+    return StoreError(f"SQLite failed on {path} ({exc}): not a lock, so retrying will not help; "
+                      "report it with this message if it persists")
+
+
 def owner_tag(owner: Owner) -> str:
     """The owner's token in the full-text index: letters and digits only, so no tokenizer splits it."""
     return "own" + hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode()).hexdigest()[:24]
@@ -89,8 +115,10 @@ class _OwnerVectors:
 class SQLiteStore(Store):
     """One file (or ':memory:'), one connection per thread, WAL so several processes can share the file."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        """busy_timeout_ms: how long a write waits for another connection's write lock before StoreUnavailable."""
         self.path = path
+        self._busy_ms = busy_timeout_ms
         self._memory_db = path == ":memory:" or path.startswith("file::memory:")
         if self._memory_db:
             # One shared in-memory database for every thread of this store.
@@ -115,8 +143,8 @@ class SQLiteStore(Store):
         if conn is None:
             try:
                 conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, check_same_thread=False,
-                                       timeout=BUSY_TIMEOUT_MS / 1000)
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                                       timeout=self._busy_ms / 1000)
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
                 if not self._memory_db:
                     conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
@@ -127,8 +155,7 @@ class SQLiteStore(Store):
                 # pages no longer fit the default cache. Address space only; shared by every connection.
                 conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot open SQLite database {self.path}: {exc}; "
-                                 "check the path and permissions") from exc
+                raise translate(exc, self.path) from exc
             self._local.conn = conn
             self._local.depth = 0
             with self._lock:
@@ -140,27 +167,52 @@ class SQLiteStore(Store):
         conn = self._connection()
         depth = self._local.depth
         name = f"sp{depth}"
-        conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT {name}")
+        self._run(conn, "BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT {name}")
         self._local.depth = depth + 1
         try:
             yield
+            self._run(conn, "COMMIT" if depth == 0 else f"RELEASE {name}")
         except BaseException:
+            self._undo(conn, depth, name)
+            raise
+        finally:
             self._local.depth = depth
+
+    def _run(self, conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise translate(exc, self.path) from exc
+
+    def _undo(self, conn: sqlite3.Connection, depth: int, name: str) -> None:
+        """Roll back what atomic() began. The error that got us here is the one the caller sees: a rollback that
+        fails too is not raised over it."""
+        if not conn.in_transaction:
+            return  # SQLite already rolled the whole transaction back (disk full, I/O error)
+        try:
             if depth == 0:
                 conn.execute("ROLLBACK")
             else:
                 conn.execute(f"ROLLBACK TO {name}")
                 conn.execute(f"RELEASE {name}")
-            raise
-        else:
-            self._local.depth = depth
-            conn.execute("COMMIT" if depth == 0 else f"RELEASE {name}")
+        except sqlite3.Error:
+            if depth == 0 and conn.in_transaction:
+                self._discard(conn)  # closing a connection rolls its transaction back
+
+    def _discard(self, conn: sqlite3.Connection) -> None:
+        if self._memory_db and conn is self._keepalive:
+            return  # it holds the in-memory database alive
+        with self._lock:
+            if conn in self._all_connections:
+                self._all_connections.remove(conn)
+        conn.close()
+        self._local.conn = None
 
     def _q(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
         try:
             return self._connection().execute(sql, params)
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite failed ({exc}); if the file is locked by another program, retry") from exc
+            raise translate(exc, self.path) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -171,17 +223,15 @@ class SQLiteStore(Store):
         self._vectors.clear()
 
     def _migrate(self) -> None:
-        conn = self._connection()
-        conn.execute("CREATE TABLE IF NOT EXISTS memshelf_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+        self._q("CREATE TABLE IF NOT EXISTS memshelf_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
         for name, script in MIGRATIONS:
             with self.atomic():
-                if conn.execute("SELECT 1 FROM memshelf_migrations WHERE name = ?", (name,)).fetchone():
+                if self._q("SELECT 1 FROM memshelf_migrations WHERE name = ?", (name,)).fetchone():
                     continue
                 for statement in _split_sql(script):
-                    conn.execute(statement)
+                    self._q(statement)
                 self._after_migration(name)
-                conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
-                             (name, ts(datetime.now(UTC))))
+                self._q("INSERT INTO memshelf_migrations VALUES (?, ?)", (name, ts(datetime.now(UTC))))
 
     def _after_migration(self, name: str) -> None:
         """The part of a migration that SQL alone cannot say: it walks the tenants."""
