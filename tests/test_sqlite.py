@@ -45,7 +45,8 @@ def test_erased_text_is_nowhere_in_the_database_files(tmp_path, clock, erase):
     else:
         shelf.forget_fact(KALEB, "locker")
         clock.advance(3600)
-        assert shelf.purge_expired().as_dict() == {"memories": 1, "facts": 0, "fact_changes": 0, "messages": 1}
+        assert shelf.purge_expired().as_dict() == {"memories": 1, "facts": 0, "fact_changes": 0, "messages": 1,
+                                                    "scrub_pending": False}
     shelf.close()
     leftover = file_bytes(db)
     assert b"zanzibarquux" not in leftover

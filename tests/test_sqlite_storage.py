@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -163,6 +164,73 @@ def test_thousands_of_forgets_in_one_tenant_leave_everything_working(tmp_path):
     assert_index_consistent(db)
     assert shelf.forget_tenant("acme").memories == 49
     assert_index_consistent(db)
+    shelf.close()
+
+
+# ---------------------------------------------------------------------------------------------- scrub and readers
+
+def _hold_a_reader(db: Path) -> sqlite3.Connection:
+    """Another connection in the middle of a read transaction (what a backup, a shell or a second process does)."""
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM memories").fetchone()
+    return reader
+
+
+def test_an_erasure_behind_a_reader_returns_at_once_and_scrubs_after_it(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    for i in range(100):
+        shelf.remember(MAYA, "filler", f"Filler statement number {i}.")
+    secret = shelf.remember(KALEB, "secrets", "The vault word is xanthopsia.")
+    shelf.set_fact(KALEB, "locker", "quizzaciously")
+    reader = _hold_a_reader(db)
+    started = time.monotonic()
+    erased = shelf.forget(KALEB, secret.id)
+    assert time.monotonic() - started < 2  # it waited 30 s (the busy timeout) before
+    assert erased.scrub_pending and erased.as_dict()["scrub_pending"] is True
+    started = time.monotonic()
+    shelf.remember(MAYA, "chat", "Another writer is not held either.")
+    shelf.forget_fact(KALEB, "locker")
+    assert time.monotonic() - started < 2
+    assert list(shelf.search(KALEB, "xanthopsia")) == []  # gone from every read at once
+    reader.close()
+    finished = shelf.forget_user(Owner("home", "nobody"))  # the next erasure finishes the scrub
+    assert not finished.scrub_pending and not shelf.store.scrub_pending
+    leftover = file_bytes(db)  # before close: the scrub, not closing the file, removed them
+    assert b"xanthopsia" not in leftover and b"quizzaciously" not in leftover
+    assert b"Filler statement number 7." in leftover
+    shelf.close()
+
+
+def test_a_pending_scrub_is_finished_by_the_next_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "SCRUB_RETRY_S", 0.0)
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    for i in range(100):
+        shelf.remember(MAYA, "filler", f"Filler statement number {i}.")
+    secret = shelf.remember(KALEB, "secrets", "The vault word is xanthopsia.")
+    reader = _hold_a_reader(db)
+    assert shelf.forget(KALEB, secret.id).scrub_pending
+    assert b"xanthopsia" in file_bytes(db)  # the reader's snapshot still needs those pages
+    reader.close()
+    shelf.remember(MAYA, "chat", "Any write will do.")
+    assert not shelf.store.scrub_pending
+    assert b"xanthopsia" not in file_bytes(db)
+    shelf.close()
+
+
+def test_forget_fact_removes_the_key_and_values_from_the_files(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    shelf.remember(MAYA, "filler", "Something to keep.")
+    shelf.set_fact(KALEB, "zygomorphic_key", "first quillwort value")
+    shelf.set_fact(KALEB, "zygomorphic_key", "second quillwort value")
+    assert b"quillwort" in file_bytes(db)
+    shelf.forget_fact(KALEB, "zygomorphic_key")
+    leftover = file_bytes(db)  # the shelf is still open: no close-time checkpoint helps
+    assert b"quillwort" not in leftover and b"zygomorphic" not in leftover
+    assert b"Something to keep." in leftover
     shelf.close()
 
 

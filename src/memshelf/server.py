@@ -412,10 +412,11 @@ class ErasedOut(BaseModel):
     facts: int
     fact_changes: int
     messages: int
+    scrub_pending: bool = False  # erased text may still be in the database's files for a while (README, Erasure)
 
     @classmethod
     def of(cls, erased: Erased) -> ErasedOut:
-        return cls(**erased.as_dict())
+        return cls.model_validate(erased.as_dict())
 
 
 class ImportOut(BaseModel):

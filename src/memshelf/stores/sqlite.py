@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
@@ -22,6 +23,11 @@ from .sqlite_fts import TenantIndexes
 from .sqlite_schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 30_000
+SCRUB_WAIT_MS = 50
+"""How long an erasure's WAL checkpoint waits for readers, holding other writers meanwhile: readers of this
+process finish in well under that; a long one (a backup, a shell) leaves the scrub pending instead."""
+SCRUB_RETRY_S = 1.0
+"""While a scrub is pending, a write tries to finish it at most this often (without waiting for readers)."""
 CONTEXT_WEIGHT = 1.0
 """bm25 weight of the context column. The query requires, and so counts a second time, a match in the row's own
 topic or content, which makes a memory's own words count about twice its neighbours' (BENCHMARKS.md, LoCoMo)."""
@@ -133,6 +139,8 @@ class SQLiteStore(Store):
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._vectors: dict[tuple[str, str, str], _OwnerVectors] = {}
+        self._scrub_pending = False
+        self._scrub_tried = 0.0  # time.monotonic() of the last try
         self._keepalive = self._connection()  # holds a shared in-memory database open
         self._fts = TenantIndexes(self._q)
         self._migrate()
@@ -177,6 +185,15 @@ class SQLiteStore(Store):
             raise
         finally:
             self._local.depth = depth
+        if depth == 0 and self._scrub_pending and time.monotonic() - self._scrub_tried >= SCRUB_RETRY_S:
+            self._retry_scrub()
+
+    def _retry_scrub(self) -> None:
+        """An earlier erasure's checkpoint waited for a reader: finish it now if it can, without waiting."""
+        try:
+            self._checkpoint(wait_ms=0)
+        except StoreError:
+            pass  # the write before is committed and stays so; the next erasure or close reports this failure
 
     def _run(self, conn: sqlite3.Connection, sql: str) -> None:
         try:
@@ -214,7 +231,13 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
+    @property
+    def scrub_pending(self) -> bool:
+        return self._scrub_pending
+
     def close(self) -> None:
+        if self._scrub_pending and self._all_connections:
+            self._checkpoint(SCRUB_WAIT_MS)
         with self._lock:
             for conn in self._all_connections:
                 conn.close()
@@ -492,11 +515,13 @@ class SQLiteStore(Store):
 
     def delete_fact(self, owner: Owner, key: str) -> bool:
         with self.atomic():
-            cur = self._q("DELETE FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
-                          (owner.tenant, owner.user, key))
-            self._q("DELETE FROM fact_history WHERE tenant = ? AND user_id = ? AND key = ?",
-                    (owner.tenant, owner.user, key))
-        return cur.rowcount > 0
+            current = self._q("DELETE FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
+                              (owner.tenant, owner.user, key)).rowcount
+            history = self._q("DELETE FROM fact_history WHERE tenant = ? AND user_id = ? AND key = ?",
+                              (owner.tenant, owner.user, key)).rowcount
+        if current or history:
+            self._scrub(set())  # the key and its values leave the WAL and the file too
+        return current > 0
 
     def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
         with self.atomic():
@@ -554,16 +579,12 @@ class SQLiteStore(Store):
                 memories = self._q(f"DELETE FROM memories WHERE {where}", params).rowcount
             else:  # no recontext: every memory of the owner goes, and contexts never cross owners
                 memories, touched = self._forget_rows(where, params, recontext=False)
-            counts = Erased(
-                memories=memories,
-                facts=self._q(f"DELETE FROM facts WHERE {where}", params).rowcount,
-                fact_changes=self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount,
-                messages=self._q(f"DELETE FROM messages WHERE {where}", params).rowcount,
-            )
+            facts = self._q(f"DELETE FROM facts WHERE {where}", params).rowcount
+            fact_changes = self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount
+            messages = self._q(f"DELETE FROM messages WHERE {where}", params).rowcount
             self._q(f"DELETE FROM owner_generation WHERE {where}", params)
         self._vectors.clear()
-        self._scrub(touched)
-        return counts
+        return Erased(memories, facts, fact_changes, messages, scrub_pending=self._scrub(touched))
 
     def erase_user(self, owner: Owner) -> Erased:
         return self._erase("tenant = ? AND user_id = ?", (owner.tenant, owner.user))
@@ -576,23 +597,42 @@ class SQLiteStore(Store):
         with self.atomic():
             memories, touched = self._forget_rows("expires_at IS NOT NULL AND expires_at <= ?", (stamp,),
                                                   recontext=True)
-            counts = Erased(
-                memories=memories,
-                messages=self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                                 (stamp,)).rowcount,
-            )
-        if counts.memories or counts.messages:
-            self._scrub(touched)
-        return counts
+            messages = self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                               (stamp,)).rowcount
+        pending = self._scrub(touched) if memories or messages else self._scrub_pending
+        return Erased(memories=memories, messages=messages, scrub_pending=pending)
 
-    def _scrub(self, tenants: set[str]) -> None:
+    def _scrub(self, tenants: set[str]) -> bool:
         """Leave no copy of erased text behind: merge the touched tenants' full-text indexes (dropping deleted
-        entries from their segments) and checkpoint the WAL so old page images are overwritten. secure_delete
-        zeroes freed pages."""
-        with self.atomic():
-            self._fts.scrub(tenants)
-        if not self._memory_db:
-            self._q("PRAGMA wal_checkpoint(TRUNCATE)")
+        entries from their segments) and checkpoint the WAL so old page images are overwritten; secure_delete
+        zeroes freed pages. Returns whether the checkpoint is still pending (see _checkpoint)."""
+        if tenants:
+            with self.atomic():
+                self._fts.scrub(tenants)
+        return not self._checkpoint(SCRUB_WAIT_MS)
+
+    def _checkpoint(self, wait_ms: int) -> bool:
+        """Copy the WAL into the database file and empty it, so no old page image stays in either; True when done.
+
+        It waits at most wait_ms for readers, never the busy timeout: while another connection reads an older
+        snapshot (a backup, a shell, another process), SQLite may not overwrite the pages that snapshot sees, so the
+        scrub stays pending and this store's next write, erasure or close tries again."""
+        if self._memory_db:
+            return True
+        conn = self._connection()
+        self._scrub_tried = time.monotonic()
+        self._run(conn, f"PRAGMA busy_timeout = {wait_ms}")
+        try:
+            done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        except sqlite3.Error as exc:
+            error = translate(exc, self.path)
+            if not isinstance(error, StoreUnavailable):
+                raise error from exc
+            done = False
+        finally:
+            self._run(conn, f"PRAGMA busy_timeout = {self._busy_ms}")
+        self._scrub_pending = not done
+        return done
 
     # API keys
     def add_key(self, key: ApiKey, secret_hash: str) -> None:
