@@ -420,7 +420,7 @@ def test_forget_user_erases_every_kind_of_record(shelf):
     shelf.set_fact(KALEB, "user_name", "Kal")
     shelf.log_message(KALEB, "t1", "user", "hi")
     erased = shelf.forget_user(KALEB)
-    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1}
+    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1, "scrub_pending": False}
     assert [r["kind"] for r in shelf.export(KALEB)] == ["memshelf-export"]
 
 

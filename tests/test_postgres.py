@@ -539,7 +539,8 @@ def test_erase_user_and_tenant_leave_no_rows(pg_server):
         for owner in (carol, dave, erin):
             _fill(shelf, owner, "secret-" + owner.user)
         erased = shelf.forget_user(carol)
-        assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1}
+        assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1,
+                                    "scrub_pending": False}
         assert _rows_of(url, "user_id = %s", ("carol",)) == dict.fromkeys(_rows_of(url, "true", ()), 0)
         assert shelf.forget_tenant("erase-x").memories == 1
         assert set(_rows_of(url, "tenant = %s", ("erase-x",)).values()) == {0}

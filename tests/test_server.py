@@ -273,7 +273,8 @@ def test_admin_erases_a_tenant_and_purges(admin: httpx.Client, deployment: Deplo
         assert erased["memories"] == 2
         assert umbrella.get("/v1/users/gus/memories").json()["items"] == []
     purged = admin.post("/v1/admin/purge")
-    assert purged.status_code == 200 and set(purged.json()) == {"memories", "facts", "fact_changes", "messages"}
+    assert purged.status_code == 200 and set(purged.json()) == {"memories", "facts", "fact_changes", "messages",
+                                                                  "scrub_pending"}
     assert "memories" in admin.get("/v1/admin/stats").json()
 
 

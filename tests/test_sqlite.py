@@ -45,7 +45,8 @@ def test_erased_text_is_nowhere_in_the_database_files(tmp_path, clock, erase):
     else:
         shelf.forget_fact(KALEB, "locker")
         clock.advance(3600)
-        assert shelf.purge_expired().as_dict() == {"memories": 1, "facts": 0, "fact_changes": 0, "messages": 1}
+        assert shelf.purge_expired().as_dict() == {"memories": 1, "facts": 0, "fact_changes": 0, "messages": 1,
+                                                    "scrub_pending": False}
     shelf.close()
     leftover = file_bytes(db)
     assert b"zanzibarquux" not in leftover
@@ -187,7 +188,7 @@ def test_a_tenants_tables_index_the_rows_it_already_has(tmp_path):
                  " created_at, last_seen) VALUES ('m_1', 'home', 'kaleb', 'network', 'The printer is old.', 'd1', ?,"
                  " 'stated', 1.0, '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')", (owner_tag(KALEB),))
         assert store._fts.names("home") is None
-        store._fts.names("home", create=True)
+        store._fts.index_existing("home")
     shelf = Shelf(store)
     assert [h.memory.content for h in shelf.search(KALEB, "printer")] == ["The printer is old."]
     shelf.close()

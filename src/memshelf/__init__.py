@@ -2,7 +2,7 @@
 
 from .embedders.base import Embedder, register_embedder
 from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput,
-                     MemshelfError, NotFound, StoreError, UnknownSource)
+                     MemshelfError, NotFound, StoreError, StoreUnavailable, UnknownSource)
 from .keywords import keywords
 from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
 from .shelf import Shelf
@@ -12,6 +12,6 @@ from .stores.base import Store, register_store
 __all__ = [
     "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Fact", "FactChange",
     "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound", "Owner", "SearchResult", "Shelf",
-    "Store", "StoreError", "UnknownSource", "keywords", "register_embedder", "register_store",
+    "Store", "StoreError", "StoreUnavailable", "UnknownSource", "keywords", "register_embedder", "register_store",
 ]
 __version__ = "0.1.0"

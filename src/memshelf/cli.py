@@ -183,13 +183,18 @@ def prompt(ctx: typer.Context, base_prompt: str, user_text: str) -> None:
     _emit_json({"prompt": text}) if s.as_json else print(text)
 
 
+_SCRUB_PENDING = ("; another connection is reading the database, so the erased text leaves its files when that "
+                  "reader ends and memshelf next writes (scrub pending)")
+
+
 @app.command()
 def forget(ctx: typer.Context, memory_id: str) -> None:
     """Erase one memory (its text, vector and index entries)."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
-        shelf.forget(s.owner(), memory_id)
-    _emit_json({"forgotten": memory_id}) if s.as_json else out.print(f"forgot {memory_id}")
+        erased = shelf.forget(s.owner(), memory_id)
+    _emit_json({"forgotten": memory_id, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
+        f"forgot {memory_id}" + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
 # ---------------------------------------------------------------- facts and messages
@@ -252,7 +257,8 @@ def forget_user(ctx: typer.Context, yes: bool = typer.Option(False, "--yes", hel
     with _shelf(ctx) as shelf:
         erased = shelf.forget_user(owner)
     _emit_json(erased.as_dict()) if s.as_json else out.print(
-        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items()))
+        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
+        + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
 @app.command()
@@ -262,7 +268,8 @@ def purge(ctx: typer.Context) -> None:
     with _shelf(ctx) as shelf:
         erased = shelf.purge_expired()
     _emit_json(erased.as_dict()) if s.as_json else out.print(
-        f"purged {erased.memories} memories, {erased.messages} messages")
+        f"purged {erased.memories} memories, {erased.messages} messages"
+        + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
 def _progress() -> Progress:

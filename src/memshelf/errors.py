@@ -35,5 +35,10 @@ class StoreError(MemshelfError):
     """The storage backend failed; the original error is chained as __cause__."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot serve this call now (the file is locked by another writer, the server is out of reach):
+    nothing was written, and the same call can succeed when retried."""
+
+
 class ConfigError(MemshelfError):
     """A setting (argument or MEMSHELF_* variable) cannot be used."""

@@ -36,7 +36,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Send
 
 from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput, MemshelfError,
-                     NotFound, StoreError, UnknownSource)
+                     NotFound, StoreError, StoreUnavailable, UnknownSource)
 from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Owner)
 from .shelf import Shelf
 from .stores.base import ApiKey, Erased
@@ -69,7 +69,8 @@ _STATUS_OF: tuple[tuple[type[MemshelfError], int, str], ...] = (
     (DimensionMismatch, 422, "dimension_mismatch"),
     (NotFound, 404, "not_found"),
     (ConfigError, 400, "not_configured"),
-    (StoreError, 503, "store_unavailable"),
+    (StoreUnavailable, 503, "store_unavailable"),
+    (StoreError, 500, "store_error"),
     (EmbedderUnavailable, 503, "embedder_unavailable"),
     (EmbedderError, 502, "embedder_error"),
     (MemshelfError, 400, "error"),
@@ -411,10 +412,11 @@ class ErasedOut(BaseModel):
     facts: int
     fact_changes: int
     messages: int
+    scrub_pending: bool = False  # erased text may still be in the database's files for a while (README, Erasure)
 
     @classmethod
     def of(cls, erased: Erased) -> ErasedOut:
-        return cls(**erased.as_dict())
+        return cls.model_validate(erased.as_dict())
 
 
 class ImportOut(BaseModel):
@@ -523,7 +525,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": text} for status, text in (
         (400, "malformed JSON or a setting the server lacks"), (401, "missing, wrong or revoked API key"),
         (403, "the key may not do this"), (404, "no such record for this owner"), (413, "body over the limit"),
-        (422, "invalid input"), (503, "storage unavailable, retry"))}
+        (422, "invalid input"), (500, "the storage failed (not a lock)"),
+        (503, "storage busy or out of reach, retry"))}
 
 
 def _memory_routes(app: FastAPI) -> None:

@@ -246,11 +246,12 @@ class Shelf:
         next_cursor = str(rows[-1][0]) if len(rows) == limit else None
         return [m for _, m in rows], next_cursor
 
-    def forget(self, owner: Owner, memory_id: str) -> None:
+    def forget(self, owner: Owner, memory_id: str) -> Erased:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
         if not self.store.delete_memory(_check_owner(owner), self._check_id(memory_id)):
             raise NotFound(f"no memory {memory_id!r} for {owner}: nothing was deleted; check the id with "
                            "`memshelf search`")
+        return Erased(memories=1, scrub_pending=self.store.scrub_pending)
 
     @staticmethod
     def _check_id(memory_id: object) -> str:

@@ -55,20 +55,27 @@ def observe_again(old: Memory, item: NewMemory, now: datetime) -> Observation:
 
 @dataclass(frozen=True, slots=True)
 class Erased:
-    """How many records an erase or purge removed."""
+    """How many records an erase or purge removed, and whether their text may still sit in the database's files.
+
+    scrub_pending: the records are gone from every read, but a copy of their text may remain on disk a while
+    longer (SQLite: another connection is reading an older snapshot, so the WAL cannot be emptied yet; the store's
+    next write, erasure or close finishes the scrub).
+    """
 
     memories: int = 0
     facts: int = 0
     fact_changes: int = 0
     messages: int = 0
+    scrub_pending: bool = False
 
     def __add__(self, other: Erased) -> Erased:
         return Erased(self.memories + other.memories, self.facts + other.facts,
-                      self.fact_changes + other.fact_changes, self.messages + other.messages)
+                      self.fact_changes + other.fact_changes, self.messages + other.messages,
+                      self.scrub_pending or other.scrub_pending)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | bool]:
         return {"memories": self.memories, "facts": self.facts, "fact_changes": self.fact_changes,
-                "messages": self.messages}
+                "messages": self.messages, "scrub_pending": self.scrub_pending}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,11 @@ class Store(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @property
+    def scrub_pending(self) -> bool:
+        """Whether the text of something erased may still sit in the backend's files (see Erased.scrub_pending)."""
+        return False
 
     def bulk_load(self) -> AbstractContextManager[None]:
         """Wrap a large import (migrate, benchmarks): a backend may defer index builds to the end of the block

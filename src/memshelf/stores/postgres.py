@@ -81,7 +81,7 @@ from psycopg.pq import Format
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from ..errors import DimensionMismatch, MemshelfError, StoreError
+from ..errors import DimensionMismatch, MemshelfError, StoreError, StoreUnavailable
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
@@ -285,8 +285,8 @@ def _translate(exc: psycopg.Error, url_hint: str) -> MemshelfError:
         return StoreError(f"PostgreSQL refused a record beyond its limits ({text}): shorten the text or use "
                           "an embedding model with fewer dimensions")
     if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(("08", "57P"))):
-        return StoreError(f"cannot talk to PostgreSQL at {url_hint} ({text}): check that the server is running "
-                          "and the URL, user and password are right, then retry")
+        return StoreUnavailable(f"cannot talk to PostgreSQL at {url_hint} ({text}): check that the server is "
+                                "running and the URL, user and password are right, then retry")
     return StoreError(f"PostgreSQL failed ({text}); retry, and if it persists check the server log")
 
 

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
@@ -15,7 +16,7 @@ from typing import overload
 
 import numpy as np
 
-from ..errors import DimensionMismatch, InvalidInput, StoreError
+from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
 from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
@@ -25,6 +26,11 @@ from .sqlite_schema import MIGRATIONS
 log = logging.getLogger("memshelf")
 
 BUSY_TIMEOUT_MS = 30_000
+SCRUB_WAIT_MS = 50
+"""How long an erasure's WAL checkpoint waits for readers, holding other writers meanwhile: readers of this
+process finish in well under that; a long one (a backup, a shell) leaves the scrub pending instead."""
+SCRUB_RETRY_S = 1.0
+"""While a scrub is pending, a write tries to finish it at most this often (without waiting for readers)."""
 CONTEXT_WEIGHT = 1.0
 """bm25 weight of the context column. The query requires, and so counts a second time, a match in the row's own
 topic or content, which makes a memory's own words count about twice its neighbours' (BENCHMARKS.md, LoCoMo)."""
@@ -57,6 +63,32 @@ def _memory(row: Sequence) -> Memory:
     return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
                   created_at=parse_ts(row[5]), expires_at=parse_ts(row[6]), last_seen=parse_ts(row[7]),
                   observations=row[8], embed_model=row[9])
+
+
+_BAD_DATA = {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE}
+_NO_ACCESS = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH}
+
+
+def translate(exc: sqlite3.Error, path: str) -> MemshelfError:
+    """A SQLite error as memshelf's: busy or locked can succeed when retried, bad data is the caller's to fix, and
+    anything else says what SQLite said about the file."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code under an extended one
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreUnavailable(f"the SQLite file {path} is busy: another connection holds its write lock ({exc}); "
+                                "nothing was written, retry in a moment")
+    if code in _BAD_DATA or isinstance(exc, sqlite3.DataError):
+        return InvalidInput(f"SQLite refused a value ({exc}): a field is missing, not a number, of the wrong type "
+                            "or too large; nothing was written, fix the value and retry")
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return StoreError(f"the SQLite file {path} is damaged or not a database ({exc}): restore it from a backup "
+                          "or recover it with `sqlite3 FILE .recover`")
+    if code == sqlite3.SQLITE_FULL:
+        return StoreError(f"the disk holding {path} is full ({exc}): nothing was written; free space and retry")
+    if code in _NO_ACCESS:
+        return StoreError(f"cannot open or write the SQLite file {path} ({exc}): check the path and the "
+                          "permissions of the file and its folder")
+    return StoreError(f"SQLite failed on {path} ({exc}): not a lock, so retrying will not help; "
+                      "report it with this message if it persists")
 
 
 def owner_tag(owner: Owner) -> str:
@@ -97,8 +129,11 @@ class _OwnerVectors:
 class SQLiteStore(Store):
     """One file (or ':memory:'), one connection per thread, WAL so several processes can share the file."""
 
-    def __init__(self, path: str, vector_cache_mb: float | None = None) -> None:
+    def __init__(self, path: str, vector_cache_mb: float | None = None, *,
+                 busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        """busy_timeout_ms: how long a write waits for another connection's write lock before StoreUnavailable."""
         self.path = path
+        self._busy_ms = busy_timeout_ms
         self._vectors: VectorCache[tuple[str, str, str], _OwnerVectors]
         self._vectors = VectorCache(cache_limit_bytes(vector_cache_mb))
         self._memory_db = path == ":memory:" or path.startswith("file::memory:")
@@ -115,6 +150,8 @@ class SQLiteStore(Store):
         self._lock = threading.Lock()
         self._refresh_locks = [threading.Lock() for _ in range(REFRESH_LOCKS)]
         self._warned_cache_full = False
+        self._scrub_pending = False
+        self._scrub_tried = 0.0  # time.monotonic() of the last try
         self._keepalive = self._connection()  # holds a shared in-memory database open
         self._fts = TenantIndexes(self._q)
         self._migrate()
@@ -125,8 +162,8 @@ class SQLiteStore(Store):
         if conn is None:
             try:
                 conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, check_same_thread=False,
-                                       timeout=BUSY_TIMEOUT_MS / 1000)
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                                       timeout=self._busy_ms / 1000)
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
                 if not self._memory_db:
                     conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
@@ -137,8 +174,7 @@ class SQLiteStore(Store):
                 # pages no longer fit the default cache. Address space only; shared by every connection.
                 conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot open SQLite database {self.path}: {exc}; "
-                                 "check the path and permissions") from exc
+                raise translate(exc, self.path) from exc
             self._local.conn = conn
             self._local.depth = 0
             with self._lock:
@@ -150,29 +186,69 @@ class SQLiteStore(Store):
         conn = self._connection()
         depth = self._local.depth
         name = f"sp{depth}"
-        conn.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT {name}")
+        self._run(conn, "BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT {name}")
         self._local.depth = depth + 1
         try:
             yield
+            self._run(conn, "COMMIT" if depth == 0 else f"RELEASE {name}")
         except BaseException:
+            self._undo(conn, depth, name)
+            raise
+        finally:
             self._local.depth = depth
+        if depth == 0 and self._scrub_pending and time.monotonic() - self._scrub_tried >= SCRUB_RETRY_S:
+            self._retry_scrub()
+
+    def _retry_scrub(self) -> None:
+        """An earlier erasure's checkpoint waited for a reader: finish it now if it can, without waiting."""
+        try:
+            self._checkpoint(wait_ms=0)
+        except StoreError:
+            pass  # the write before is committed and stays so; the next erasure or close reports this failure
+
+    def _run(self, conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise translate(exc, self.path) from exc
+
+    def _undo(self, conn: sqlite3.Connection, depth: int, name: str) -> None:
+        """Roll back what atomic() began. The error that got us here is the one the caller sees: a rollback that
+        fails too is not raised over it."""
+        if not conn.in_transaction:
+            return  # SQLite already rolled the whole transaction back (disk full, I/O error)
+        try:
             if depth == 0:
                 conn.execute("ROLLBACK")
             else:
                 conn.execute(f"ROLLBACK TO {name}")
                 conn.execute(f"RELEASE {name}")
-            raise
-        else:
-            self._local.depth = depth
-            conn.execute("COMMIT" if depth == 0 else f"RELEASE {name}")
+        except sqlite3.Error:
+            if depth == 0 and conn.in_transaction:
+                self._discard(conn)  # closing a connection rolls its transaction back
+
+    def _discard(self, conn: sqlite3.Connection) -> None:
+        if self._memory_db and conn is self._keepalive:
+            return  # it holds the in-memory database alive
+        with self._lock:
+            if conn in self._all_connections:
+                self._all_connections.remove(conn)
+        conn.close()
+        self._local.conn = None
 
     def _q(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
         try:
             return self._connection().execute(sql, params)
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite failed ({exc}); if the file is locked by another program, retry") from exc
+            raise translate(exc, self.path) from exc
+
+    @property
+    def scrub_pending(self) -> bool:
+        return self._scrub_pending
 
     def close(self) -> None:
+        if self._scrub_pending and self._all_connections:
+            self._checkpoint(SCRUB_WAIT_MS)
         with self._lock:
             for conn in self._all_connections:
                 conn.close()
@@ -181,19 +257,24 @@ class SQLiteStore(Store):
         self._vectors.clear()
 
     def _migrate(self) -> None:
-        conn = self._connection()
-        conn.execute("CREATE TABLE IF NOT EXISTS memshelf_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+        self._q("CREATE TABLE IF NOT EXISTS memshelf_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
         for name, script in MIGRATIONS:
             with self.atomic():
-                if conn.execute("SELECT 1 FROM memshelf_migrations WHERE name = ?", (name,)).fetchone():
+                if self._q("SELECT 1 FROM memshelf_migrations WHERE name = ?", (name,)).fetchone():
                     continue
                 for statement in _split_sql(script):
-                    conn.execute(statement)
-                if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
-                    for (tenant,) in conn.execute("SELECT DISTINCT tenant FROM memories").fetchall():
-                        self._fts.names(tenant, create=True)
-                conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
-                             (name, ts(datetime.now(UTC))))
+                    self._q(statement)
+                self._after_migration(name)
+                self._q("INSERT INTO memshelf_migrations VALUES (?, ?)", (name, ts(datetime.now(UTC))))
+
+    def _after_migration(self, name: str) -> None:
+        """The part of a migration that SQL alone cannot say: it walks the tenants."""
+        if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
+            for (tenant,) in self._q("SELECT DISTINCT tenant FROM memories").fetchall():
+                self._fts.index_existing(tenant)
+        elif name == "m005_fts_reindex":  # undo the double entries and the piled-up levels of older versions
+            for (tenant,) in self._q("SELECT tenant FROM fts_tenants").fetchall():
+                self._fts.rebuild(tenant)
 
     def applied_migrations(self) -> list[str]:
         return [r[0] for r in self._q("SELECT name FROM memshelf_migrations ORDER BY name")]
@@ -459,11 +540,13 @@ class SQLiteStore(Store):
 
     def delete_fact(self, owner: Owner, key: str) -> bool:
         with self.atomic():
-            cur = self._q("DELETE FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
-                          (owner.tenant, owner.user, key))
-            self._q("DELETE FROM fact_history WHERE tenant = ? AND user_id = ? AND key = ?",
-                    (owner.tenant, owner.user, key))
-        return cur.rowcount > 0
+            current = self._q("DELETE FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
+                              (owner.tenant, owner.user, key)).rowcount
+            history = self._q("DELETE FROM fact_history WHERE tenant = ? AND user_id = ? AND key = ?",
+                              (owner.tenant, owner.user, key)).rowcount
+        if current or history:
+            self._scrub(set())  # the key and its values leave the WAL and the file too
+        return current > 0
 
     def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
         with self.atomic():
@@ -521,16 +604,12 @@ class SQLiteStore(Store):
                 memories = self._q(f"DELETE FROM memories WHERE {where}", params).rowcount
             else:  # no recontext: every memory of the owner goes, and contexts never cross owners
                 memories, touched = self._forget_rows(where, params, recontext=False)
-            counts = Erased(
-                memories=memories,
-                facts=self._q(f"DELETE FROM facts WHERE {where}", params).rowcount,
-                fact_changes=self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount,
-                messages=self._q(f"DELETE FROM messages WHERE {where}", params).rowcount,
-            )
+            facts = self._q(f"DELETE FROM facts WHERE {where}", params).rowcount
+            fact_changes = self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount
+            messages = self._q(f"DELETE FROM messages WHERE {where}", params).rowcount
             self._q(f"DELETE FROM owner_generation WHERE {where}", params)
         self._vectors.clear()
-        self._scrub(touched)
-        return counts
+        return Erased(memories, facts, fact_changes, messages, scrub_pending=self._scrub(touched))
 
     def erase_user(self, owner: Owner) -> Erased:
         return self._erase("tenant = ? AND user_id = ?", (owner.tenant, owner.user))
@@ -543,23 +622,42 @@ class SQLiteStore(Store):
         with self.atomic():
             memories, touched = self._forget_rows("expires_at IS NOT NULL AND expires_at <= ?", (stamp,),
                                                   recontext=True)
-            counts = Erased(
-                memories=memories,
-                messages=self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                                 (stamp,)).rowcount,
-            )
-        if counts.memories or counts.messages:
-            self._scrub(touched)
-        return counts
+            messages = self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                               (stamp,)).rowcount
+        pending = self._scrub(touched) if memories or messages else self._scrub_pending
+        return Erased(memories=memories, messages=messages, scrub_pending=pending)
 
-    def _scrub(self, tenants: set[str]) -> None:
+    def _scrub(self, tenants: set[str]) -> bool:
         """Leave no copy of erased text behind: merge the touched tenants' full-text indexes (dropping deleted
-        entries from their segments) and checkpoint the WAL so old page images are overwritten. secure_delete
-        zeroes freed pages."""
-        with self.atomic():
-            self._fts.optimize(tenants)
-        if not self._memory_db:
-            self._q("PRAGMA wal_checkpoint(TRUNCATE)")
+        entries from their segments) and checkpoint the WAL so old page images are overwritten; secure_delete
+        zeroes freed pages. Returns whether the checkpoint is still pending (see _checkpoint)."""
+        if tenants:
+            with self.atomic():
+                self._fts.scrub(tenants)
+        return not self._checkpoint(SCRUB_WAIT_MS)
+
+    def _checkpoint(self, wait_ms: int) -> bool:
+        """Copy the WAL into the database file and empty it, so no old page image stays in either; True when done.
+
+        It waits at most wait_ms for readers, never the busy timeout: while another connection reads an older
+        snapshot (a backup, a shell, another process), SQLite may not overwrite the pages that snapshot sees, so the
+        scrub stays pending and this store's next write, erasure or close tries again."""
+        if self._memory_db:
+            return True
+        conn = self._connection()
+        self._scrub_tried = time.monotonic()
+        self._run(conn, f"PRAGMA busy_timeout = {wait_ms}")
+        try:
+            done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        except sqlite3.Error as exc:
+            error = translate(exc, self.path)
+            if not isinstance(error, StoreUnavailable):
+                raise error from exc
+            done = False
+        finally:
+            self._run(conn, f"PRAGMA busy_timeout = {self._busy_ms}")
+        self._scrub_pending = not done
+        return done
 
     # API keys
     def add_key(self, key: ApiKey, secret_hash: str) -> None:

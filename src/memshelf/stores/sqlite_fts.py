@@ -8,6 +8,8 @@ a side channel across tenants. So each tenant gets its own two tables, created o
 - `ctx_<h>` (topic, content, owner_tag, context): the hybrid search ranks its keyword candidates with the
   conversation around them (stores/sqlite_schema.py, m003).
 
+`fts_tenants` lists each tenant's pair, and how many full merges each pair had since it was last rebuilt.
+
 Both are external-content tables over `memories`; the store keeps them in step on every insert, delete and
 context rewrite, inside the same transaction. Erasing a tenant drops its tables. Users of one tenant still share
 statistics (the tenant is the unit of isolation for ranking; the owner filter is in every query).
@@ -29,35 +31,57 @@ def table_names(tenant: str) -> tuple[str, str]:
     return f"fts_{suffix}", f"ctx_{suffix}"
 
 
+REBUILD_EVERY = 200
+"""A tenant's tables are rebuilt from its rows, instead of merged, once in this many scrubs. The full merge
+('optimize') is what drops a deleted row's words from the index, but on older SQLite (3.40, the one Python ships
+here) each one adds two levels to the index, and at 2,000 levels FTS5 reads its own index as "database disk image
+is malformed". A rebuild starts again from one level, so no SQLite version can get there."""
+
+
 class TenantIndexes:
-    """Creates, fills, updates and drops the per-tenant full-text tables through the store's query function."""
+    """Creates, fills, updates, scrubs and drops the per-tenant full-text tables through the store's query function."""
 
     def __init__(self, query: Query) -> None:
         self._q = query
 
-    def names(self, tenant: str, *, create: bool = False) -> tuple[str, str] | None:
+    def names(self, tenant: str) -> tuple[str, str] | None:
         row = self._q("SELECT words, context FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
-        if row is not None:
-            return row[0], row[1]
-        if not create:
-            return None
+        return None if row is None else (row[0], row[1])
+
+    def _create(self, tenant: str) -> tuple[str, str]:
+        """Empty tables for a tenant's first memory."""
         words, context = table_names(tenant)
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {words} USING fts5(topic, content, owner_tag,"
                 f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {context} USING fts5(topic, content, owner_tag, context,"
                 f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
-        self._q("INSERT INTO fts_tenants VALUES (?, ?, ?)", (tenant, words, context))
-        # Rows stored before this tenant had tables (a database from before m004) are indexed now.
+        self._q("INSERT INTO fts_tenants (tenant, words, context) VALUES (?, ?, ?)", (tenant, words, context))
+        return words, context
+
+    def _fill(self, tenant: str, words: str, context: str) -> None:
+        """Index every row the tenant has (the tables must hold none of them yet)."""
         self._q(f"INSERT INTO {words} (rowid, topic, content, owner_tag)"
                 " SELECT pk, topic, content, owner_tag FROM memories WHERE tenant = ?", (tenant,))
         self._q(f"INSERT INTO {context} (rowid, topic, content, owner_tag, context)"
                 " SELECT pk, topic, content, owner_tag, context FROM memories WHERE tenant = ?", (tenant,))
-        return words, context
+
+    def index_existing(self, tenant: str) -> None:
+        """Tables for a tenant whose rows were stored before tenants had their own (m004)."""
+        self._fill(tenant, *self._create(tenant))
+
+    def rebuild(self, tenant: str) -> None:
+        """Index the tenant's rows afresh, with no deleted entry and no level left over. FTS5's own 'rebuild' would
+        index the whole content table, which holds every tenant's rows."""
+        names = self.names(tenant)
+        if names is None:
+            return
+        for name in names:
+            self._q(f"INSERT INTO {name} ({name}) VALUES ('delete-all')")
+        self._fill(tenant, *names)
+        self._q("UPDATE fts_tenants SET merges = 0 WHERE tenant = ?", (tenant,))
 
     def add(self, tenant: str, pk: int, topic: str, content: str, tag: str, context: str) -> None:
-        names = self.names(tenant, create=True)
-        assert names is not None
-        words, ctx = names
+        words, ctx = self.names(tenant) or self._create(tenant)
         self._q(f"INSERT INTO {words} (rowid, topic, content, owner_tag) VALUES (?, ?, ?, ?)",
                 (pk, topic, content, tag))
         self._q(f"INSERT INTO {ctx} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",
@@ -97,9 +121,16 @@ class TenantIndexes:
             self._q(f"DROP TABLE IF EXISTS {name}")
         self._q("DELETE FROM fts_tenants WHERE tenant = ?", (tenant,))
 
-    def optimize(self, tenants: Iterable[str]) -> None:
-        """Merge each touched tenant's index segments, which drops deleted entries for good."""
+    def scrub(self, tenants: Iterable[str]) -> None:
+        """Drop deleted entries from the touched tenants' indexes for good: a full merge of each index, or, every
+        REBUILD_EVERY times, a rebuild from the tenant's rows (see REBUILD_EVERY)."""
         for tenant in tenants:
-            names = self.names(tenant)
-            for name in names or ():
+            row = self._q("SELECT words, context, merges FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
+            if row is None:
+                continue
+            if row[2] + 1 >= REBUILD_EVERY:
+                self.rebuild(tenant)
+                continue
+            for name in row[:2]:
                 self._q(f"INSERT INTO {name} ({name}) VALUES ('optimize')")
+            self._q("UPDATE fts_tenants SET merges = merges + 1 WHERE tenant = ?", (tenant,))

@@ -166,4 +166,11 @@ CREATE TABLE fts_tenants (
     context TEXT NOT NULL
 );
 """),
+    ("m005_fts_reindex", """
+-- Each tenant's full-text tables are rebuilt from its rows (stores/sqlite.py runs it after this script): before
+-- this version a tenant's first memory was indexed twice (bm25 counted it twice), and every erasure's full merge
+-- added levels to the index until FTS5 read it as corrupt. merges counts the full merges since the last rebuild,
+-- so that a rebuild comes before too many of them (stores/sqlite_fts.py, REBUILD_EVERY).
+ALTER TABLE fts_tenants ADD COLUMN merges INTEGER NOT NULL DEFAULT 0;
+"""),
 ]
