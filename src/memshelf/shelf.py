@@ -354,8 +354,9 @@ class Shelf:
         return self.store.erase_user(_check_owner(owner))
 
     def forget_tenant(self, tenant: str) -> Erased:
-        """Admin: erase every user of a tenant."""
+        """Admin: erase every user of a tenant, and revoke its API keys first so no request acts for it after."""
         Owner(tenant, "-")  # same validation as an owner's tenant
+        self.store.revoke_tenant_keys(tenant, self.now())
         return self.store.erase_tenant(tenant)
 
     def purge_expired(self) -> Erased:

@@ -221,6 +221,10 @@ class Store(ABC):
     def revoke_key(self, key_id: str, now: datetime) -> bool: ...
 
     @abstractmethod
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        """Revoke every live key of the tenant (erasing a tenant); returns how many."""
+
+    @abstractmethod
     def owners(self) -> list[Owner]:
         """Every owner with at least one record (for migration between backends)."""
 

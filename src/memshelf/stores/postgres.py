@@ -836,6 +836,11 @@ class PostgresStore(Store):
             cur.execute("UPDATE api_keys SET revoked_at = %s WHERE id = %s AND revoked_at IS NULL", (now, key_id))
             return cur.rowcount > 0
 
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        with self._admin() as cur:
+            cur.execute("UPDATE api_keys SET revoked_at = %s WHERE tenant = %s AND revoked_at IS NULL", (now, tenant))
+            return cur.rowcount
+
     def owners(self) -> list[Owner]:
         with self._admin() as cur:
             rows = cur.execute("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"

@@ -564,6 +564,12 @@ class SQLiteStore(Store):
             cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (ts(now), key_id))
         return cur.rowcount > 0
 
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        with self.atomic():
+            cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+                          (ts(now), tenant))
+        return cur.rowcount
+
     def owners(self) -> list[Owner]:
         rows = self._q("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"
                        " UNION SELECT tenant, user_id FROM fact_history UNION SELECT tenant, user_id FROM messages"
