@@ -215,7 +215,12 @@ def set_fact(ctx: typer.Context, key: str, value: str,
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
         fact = shelf.set_fact(s.owner(), key, value, source)
-    _emit_json(fact) if s.as_json else out.print(f"{fact.key}: {fact.value}", highlight=False)
+    if s.as_json:
+        _emit_json({**_plain(fact), "note": fact.note})
+        return
+    out.print(f"{fact.key}: {fact.value}", highlight=False)
+    if fact.note:
+        err.print(f"[yellow]{fact.note}[/]", highlight=False)
 
 
 @app.command()

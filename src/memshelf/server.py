@@ -378,6 +378,8 @@ class FactOut(Out):
     value: str
     source: str
     updated_at: datetime
+    note: str | None = Field(default=None, description="set when the value given was kept in history only: the "
+                             "current value comes from a stronger source")
 
 
 

@@ -289,16 +289,25 @@ class Shelf:
         if not isinstance(user_text, str):
             raise InvalidInput(f"user_text must be a string, got {type(user_text).__name__}")
         hits = self.search(owner, user_text, mode=mode, limit=limit) if user_text.strip() else []
-        return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget)
+        return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget, confirmed=self._confirmed_sources())
+
+    def _confirmed_sources(self) -> set[str]:
+        """The sources worth as much as `stated`: a fact from any other (or undeclared) source is a guess."""
+        return {name for name, worth in self.sources.items() if worth >= self.sources["stated"]}
 
     # ---------------------------------------------------------------- facts
     def set_fact(self, owner: Owner, key: str, value: str, source: str = "stated") -> Fact:
-        """Set the one current value of a fact; the old value stays in fact_history."""
+        """Set the one current value of a fact; the old value stays in fact_history.
+
+        A value from a weaker source than the current one's (inferred over stated) never replaces it: it goes to
+        fact_history only, and the returned Fact is the unchanged current one with `outranked` set to the value
+        given (`note` says so in words). A source this shelf has not declared counts as the strongest."""
         owner = _check_owner(owner)
         key = check_text("fact key", key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", value, MAX_FACT_VALUE_CHARS)
-        self.sources.confidence(source)
-        return self.store.set_fact(owner, key, value, source, self.now())
+        worth = self.sources.confidence(source)
+        return self.store.set_fact(owner, key, value, source, self.now(),
+                                   replaces=lambda current: worth >= self.sources.get(current, 1.0))
 
     def facts(self, owner: Owner) -> list[Fact]:
         """The owner's current facts, most recently set first."""

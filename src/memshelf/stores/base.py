@@ -158,7 +158,11 @@ class Store(ABC):
 
     # facts
     @abstractmethod
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact: ...
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
+        """Add the value to the fact's history, and make it current unless the fact has a current value whose
+        source it may not replace (`replaces(current_source)` is False). Returns the current fact afterwards,
+        with `outranked` set when the value given was kept in history only."""
 
     @abstractmethod
     def facts(self, owner: Owner) -> list[Fact]:

@@ -67,7 +67,7 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, UTC
 from typing import Any, overload
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import psycopg
@@ -685,13 +685,24 @@ class PostgresStore(Store):
                             [(Blob(blob), model, key) for key, blob in rows])
 
     # ------------------------------------------------------------ facts
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact:
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
+        """Insert the fact, or lock its current row and replace it only if `replaces` allows, so two concurrent
+        writers cannot both decide against a value neither of them saw."""
         with self._tenant(owner.tenant) as cur:
-            cur.execute("INSERT INTO facts VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, user_id, key)"
-                        " DO UPDATE SET value = excluded.value, source = excluded.source,"
-                        " updated_at = excluded.updated_at", (owner.tenant, owner.user, key, value, source, now))
             cur.execute("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
                         " VALUES (%s, %s, %s, %s, %s, %s)", (owner.tenant, owner.user, key, value, source, now))
+            cur.execute("INSERT INTO facts VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (owner.tenant, owner.user, key, value, source, now))
+            if cur.rowcount:
+                return Fact(key, value, source, now)
+            row = cur.execute("SELECT value, source, updated_at FROM facts WHERE tenant = %s AND user_id = %s"
+                              " AND key = %s FOR UPDATE", (owner.tenant, owner.user, key)).fetchone()
+            if row is not None and not replaces(row[1]):
+                return Fact(key, row[0], row[1], _utc(row[2]), outranked=FactChange(key, value, source, now))
+            cur.execute("UPDATE facts SET value = %s, source = %s, updated_at = %s"
+                        " WHERE tenant = %s AND user_id = %s AND key = %s",
+                        (value, source, now, owner.tenant, owner.user, key))
         return Fact(key, value, source, now)
 
     def facts(self, owner: Owner) -> list[Fact]:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
 import numpy as np
@@ -410,12 +410,17 @@ class SQLiteStore(Store):
                 self._q("UPDATE memories SET embedding = ?, embed_model = ? WHERE pk = ?", (blob, model, key))
 
     # facts
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact:
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
         with self.atomic():
+            self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (owner.tenant, owner.user, key, value, source, ts(now)))
+            row = self._q("SELECT value, source, updated_at FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
+                          (owner.tenant, owner.user, key)).fetchone()
+            if row is not None and not replaces(row[1]):
+                return Fact(key, row[0], row[1], parse_ts(row[2]), outranked=FactChange(key, value, source, now))
             self._q("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id, key)"
                     " DO UPDATE SET value = excluded.value, source = excluded.source, updated_at = excluded.updated_at",
-                    (owner.tenant, owner.user, key, value, source, ts(now)))
-            self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
                     (owner.tenant, owner.user, key, value, source, ts(now)))
         return Fact(key, value, source, now)
 
