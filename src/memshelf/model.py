@@ -222,5 +222,9 @@ def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime |
             raise InvalidInput(f"ttl must be a positive number of seconds, got {ttl!r}")
         return now + timedelta(seconds=seconds)
     if expires_at is not None:
-        return check_when("expires_at", expires_at)
+        when = check_when("expires_at", expires_at)
+        if when <= now:
+            raise InvalidInput(f"expires_at {when.isoformat()} has already passed: pass a future instant, "
+                               "or leave it out to keep the record")
+        return when
     return None

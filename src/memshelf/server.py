@@ -635,7 +635,7 @@ def _owner_routes(app: FastAPI) -> None:
     @app.get("/v1/users/{user}/export", tags=["users"],
              responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSON Lines"}})
     def export(owner: OwnerDep, shelf: ShelfDep) -> StreamingResponse:
-        """Every record of the user as JSON Lines, expired ones included (feed it back to import)."""
+        """Every live record of the user as JSON Lines, expired ones left out (feed it back to import)."""
         lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in shelf.export(owner))
         filename = f"memshelf-{owner.tenant}-{owner.user}.jsonl".encode("ascii", "replace").decode()
         return StreamingResponse(lines, media_type="application/x-ndjson",

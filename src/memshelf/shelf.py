@@ -398,10 +398,12 @@ class Shelf:
 
     # ---------------------------------------------------------------- export / import
     def export(self, owner: Owner) -> Iterator[dict[str, Any]]:
-        """Every record of the owner as JSON-ready dicts (one per JSON Lines row), expired ones included."""
+        """Every live record of the owner as JSON-ready dicts (one per JSON Lines row); expired memories and
+        messages are left out, as every other read leaves them out."""
         owner = _check_owner(owner)
+        now = self.now()
         yield {"kind": "memshelf-export", "format": EXPORT_FORMAT}
-        for memory, blob in self.store.iter_memories(owner, None):
+        for memory, blob in self.store.iter_memories(owner, now):
             yield _memory_record(memory, blob)
         for fact in reversed(self.store.facts(owner)):
             yield {"kind": "fact", "key": fact.key, "value": fact.value, "source": fact.source,
@@ -409,7 +411,7 @@ class Shelf:
         for change in self.store.fact_history(owner, None):
             yield {"kind": "fact_change", "key": change.key, "value": change.value, "source": change.source,
                    "set_at": _iso(change.set_at)}
-        for message in self.store.messages(owner, None, 2**62, None):
+        for message in self.store.messages(owner, None, 2**62, now):
             yield {"kind": "message", "id": message.id, "thread": message.thread, "role": message.role,
                    "content": message.content, "created_at": _iso(message.created_at),
                    "expires_at": _iso(message.expires_at)}
