@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -17,13 +19,13 @@ import numpy as np
 from . import context as ctx
 from .embedders.base import Embedder, default_embedder_spec, resolve_embedder
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound, UnknownSource
-from .ids import new_id
+from .ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                     Message, NewMemory, Owner, SearchResult, Sources, check_text, check_topic, check_when,
                     resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
-from .stores.base import ApiKey, Erased, Store, open_store
+from .stores.base import ApiKey, Erased, Position, Store, open_store
 from .vectors import pack
 
 log = logging.getLogger("memshelf")
@@ -60,13 +62,43 @@ def _check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
-def _read_cursor(cursor: object) -> int | None:
-    """The key a page ended on, from the next_cursor a list_* call gave out (None: start at the newest)."""
+CURSOR_PREFIX = "c1."
+MAX_CURSOR_CHARS = 200
+
+
+def _owner_check(owner: Owner) -> str:
+    """A short tag of the owner, in a cursor so that one owner's cursor is refused for another."""
+    return hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int) -> str | None:
+    """The opaque cursor of the page after this one (None when this page is the last): the last record's instant
+    and id, owner-scoped, so it reveals nothing about other owners' records or how many there are."""
+    if len(page) < limit:
+        return None
+    last = page[-1]
+    payload = json.dumps([_owner_check(owner), _iso(last.created_at), last.id], separators=(",", ":"))
+    return CURSOR_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+def _read_cursor(owner: Owner, kind: str, cursor: object) -> Position | None:
+    """Where the previous page ended, from the next_cursor a list_* call gave this owner (None: start at the newest)."""
     if cursor is None:
         return None
-    if not isinstance(cursor, str) or not cursor.isdigit() or len(cursor) > 18:
-        raise InvalidInput(f"cursor {cursor!r} is not one this shelf gave out: pass next_cursor unchanged")
-    return int(cursor)
+    shown = repr(cursor[:40]) if isinstance(cursor, str) else f"of type {type(cursor).__name__}"
+    refused = InvalidInput(f"cursor {shown} is not one this shelf gave out for {owner}: pass next_cursor unchanged, "
+                           "or leave cursor out to start from the newest")
+    if not isinstance(cursor, str) or not cursor.startswith(CURSOR_PREFIX) or len(cursor) > MAX_CURSOR_CHARS:
+        raise refused
+    body = cursor[len(CURSOR_PREFIX):]
+    try:
+        tag, when, record_id = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        created = datetime.fromisoformat(when)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise refused from exc
+    if tag != _owner_check(owner) or not is_id(kind, record_id) or created.tzinfo is None:
+        raise refused
+    return Position(created, record_id)
 
 
 class Shelf:
@@ -207,11 +239,11 @@ class Shelf:
     def list_memories(self, owner: Owner, *, limit: int = 50,
                       cursor: str | None = None) -> tuple[list[Memory], str | None]:
         """One page of the owner's live memories, newest first, and the cursor of the next page (None at the end)."""
-        before = _read_cursor(cursor)
+        owner = _check_owner(owner)
+        after = _read_cursor(owner, "m", cursor)
         limit = _check_limit(limit)
-        rows = self.store.page_memories(_check_owner(owner), before, limit, self.now())
-        next_cursor = str(rows[-1][0]) if len(rows) == limit else None
-        return [m for _, m in rows], next_cursor
+        page = self.store.page_memories(owner, after, limit, self.now())
+        return page, _next_cursor(owner, page, limit)
 
     def forget(self, owner: Owner, memory_id: str) -> None:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
@@ -352,10 +384,11 @@ class Shelf:
                       cursor: str | None = None) -> tuple[list[Message], str | None]:
         """One page of the owner's live messages (of a thread, or of all), newest first, and the cursor of the next
         page (None at the end): unlike messages(), paging reaches back to the first message."""
-        before = _read_cursor(cursor)
+        owner = _check_owner(owner)
+        after = _read_cursor(owner, "msg", cursor)
         limit = _check_limit(limit)
-        rows = self.store.page_messages(_check_owner(owner), thread, before, limit, self.now())
-        return [m for _, m in rows], (str(rows[-1][0]) if len(rows) == limit else None)
+        page = self.store.page_messages(owner, thread, after, limit, self.now())
+        return page, _next_cursor(owner, page, limit)
 
     # ---------------------------------------------------------------- erasure
     def forget_user(self, owner: Owner) -> Erased:

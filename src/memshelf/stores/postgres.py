@@ -80,8 +80,9 @@ from psycopg_pool import ConnectionPool
 from ..errors import DimensionMismatch, MemshelfError, StoreError
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
-from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS
+from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
+                   register_store)
+from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 
 EXACT_MAX_ROWS = 20_000
 """Owners with at most this many vectors of a model are searched exactly: at that size a scan of the owner's rows
@@ -105,11 +106,6 @@ CONTEXT_WEIGHT = 0.5
 """ts_rank weight of a memory's conversation context, against 1.0 for its own words (SQLite's ranking also counts
 a memory's own words about twice its neighbours')."""
 """Rows per round trip when iterating an owner's memories."""
-
-
-def digest(topic: str, content: str) -> str:
-    """Identity of a memory's text within an owner (same rule as SQLite)."""
-    return hashlib.sha256(f"{topic}\x00{content}".encode()).hexdigest()
 
 
 def tsquery_text(terms: Sequence[str]) -> str:
@@ -314,6 +310,8 @@ class PostgresStore(Store):
                         if conn.execute("SELECT 1 FROM memshelf_migrations WHERE name = %s", (name,)).fetchone():
                             continue
                         conn.execute(script)  # type: ignore[arg-type]  # our own constant, several statements
+                        if name == WHITESPACE_DIGESTS:
+                            _redigest(conn)
                         conn.execute("INSERT INTO memshelf_migrations (name) VALUES (%s)", (name,))
                 self._indexes = {r[0] for r in conn.execute(
                     "SELECT indexname FROM pg_indexes WHERE tablename = 'memories'"
@@ -565,13 +563,14 @@ class PostgresStore(Store):
             f"   AND n.topic = g.topic AND n.pk > g.pk ORDER BY n.pk LIMIT {CONTEXT_TURNS}) n)",
             (tenants, users, topics, pks))
 
-    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
+        bound, anchor = _page_bound("memories", owner, after)
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE {_OWNER} AND m.pk < %s AND {_LIVE}"
-                " ORDER BY m.pk DESC LIMIT %s",
-                (owner.tenant, owner.user, before if before is not None else 2**62, now, limit)).fetchall()
-        return [(r[10], _memory(r)) for r in rows]
+                f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
+                " ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
+                (owner.tenant, owner.user, *anchor, now, limit)).fetchall()
+        return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         """Pages of PAGE rows by key, each page in its own short transaction, so a slow consumer holds nothing."""
@@ -752,11 +751,12 @@ class PostgresStore(Store):
                          message.created_at, message.expires_at))
         return message
 
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime | None) -> list[tuple[int, Message]]:
-        query = ("SELECT pk, id, thread, role, content, created_at, expires_at FROM messages"
-                 " WHERE tenant = %s AND user_id = %s AND pk < %s")
-        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before)
+    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
+                      now: datetime | None) -> list[Message]:
+        bound, anchor = _page_bound("messages", owner, after)
+        query = ("SELECT id, thread, role, content, created_at, expires_at FROM messages m"
+                 f" WHERE tenant = %s AND user_id = %s{bound}")
+        params: tuple = (owner.tenant, owner.user, *anchor)
         if thread is not None:
             query += " AND thread = %s"
             params += (thread,)
@@ -764,8 +764,9 @@ class PostgresStore(Store):
             query += " AND (expires_at IS NULL OR expires_at > %s)"
             params += (now,)
         with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(query + " ORDER BY pk DESC LIMIT %s", params + (min(limit, 2**62),)).fetchall()
-        return [(r[0], Message(r[1], r[2], r[3], r[4], _utc(r[5]), _utc(r[6]))) for r in rows]
+            rows = cur.execute(query + " ORDER BY created_at DESC, pk DESC LIMIT %s",
+                               params + (min(limit, 2**62),)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5])) for r in rows]
 
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
         added = 0
@@ -864,6 +865,31 @@ class PostgresStore(Store):
             row = cur.execute("SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM facts),"
                               " (SELECT count(*) FROM messages)").fetchone()
         return {"memories": row[0], "facts": row[1], "messages": row[2]}
+
+
+def _page_bound(table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
+    """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or the
+    same instant and a lower row key than the record `after` names (every row of that instant if it is gone)."""
+    if after is None:
+        return "", ()
+    return (f" AND (m.created_at < %s OR (m.created_at = %s AND m.pk < coalesce((SELECT a.pk FROM {table} a"
+            " WHERE a.tenant = %s AND a.user_id = %s AND a.id = %s), 9223372036854775807)))",
+            (after.created_at, after.created_at, owner.tenant, owner.user, after.id))
+
+
+def _redigest(conn: psycopg.Connection) -> None:
+    """Recompute every memory's digest with whitespace normalised (stores.base.digest), oldest first, as the admin
+    role (row-level security hides every row from a login role that is not a superuser). When two rows of an owner
+    now share a digest, the older takes it and the newer keeps its old one: both stay, nothing is merged."""
+    conn.execute(f"SET LOCAL ROLE {ADMIN_ROLE}")
+    with conn.cursor(name="memshelf_redigest") as rows:
+        rows.execute("SELECT pk, tenant, user_id, topic, content, digest FROM memories ORDER BY pk")
+        changed = [(new, pk, tenant, user) for pk, tenant, user, topic, content, old in rows
+                   if (new := digest(topic, content)) != old]
+    for new, pk, tenant, user in changed:
+        conn.execute("UPDATE memories SET digest = %s WHERE pk = %s AND NOT EXISTS (SELECT 1 FROM memories"
+                     " WHERE tenant = %s AND user_id = %s AND digest = %s)", (new, pk, tenant, user, new))
+    conn.execute("RESET ROLE")
 
 
 register_store("postgresql", PostgresStore)

@@ -10,6 +10,9 @@ four words and `foo_bar` two, as in FTS5; PostgreSQL's parser alone would keep h
 
 from __future__ import annotations
 
+WHITESPACE_DIGESTS = "m005_whitespace_digests"
+"""The migration after whose SQL stores/postgres.py recomputes every digest (stores.base.digest), in Python."""
+
 MIGRATION_LOCK = 7_406_931_214_886_052_101
 """Key of the advisory lock held while migrating (any constant unlikely to collide with an application's)."""
 
@@ -156,5 +159,15 @@ CREATE FUNCTION memshelf_words(text) RETURNS tsvector
     AS $$ SELECT to_tsvector('memshelf_text'::regconfig, regexp_replace($1, '[^[:alnum:]]+', ' ', 'g')) $$;
 ALTER TABLE memories ADD COLUMN context_search tsvector;
 CREATE INDEX memories_owner_topic ON memories (tenant, user_id, topic, pk);
+"""),
+    # Dedup ignores surrounding whitespace and runs of whitespace (stores.base.digest): every digest is recomputed
+    # after this script, oldest row first. If two existing rows of an owner now share a digest, the older one takes
+    # it and the newer keeps its old digest: both stay as they are (nothing merged); a new repeat counts on the older.
+    (WHITESPACE_DIGESTS, "SELECT 1;"),
+    # Pages are ordered newest first by (created_at, pk), with opaque cursors naming the last record's instant and
+    # id (Shelf.list_messages); these keep that order an index walk.
+    ("m006_message_pages_by_time", """
+CREATE INDEX messages_owner_created ON messages (tenant, user_id, created_at, pk);
+CREATE INDEX messages_thread_created ON messages (tenant, user_id, thread, created_at, pk);
 """),
 ]

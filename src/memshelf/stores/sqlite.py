@@ -17,9 +17,10 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, StoreError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import VectorMatrix, top_k
-from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
+from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
+                   register_store)
 from .sqlite_fts import TenantIndexes
-from .sqlite_schema import MIGRATIONS
+from .sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
 BUSY_TIMEOUT_MS = 30_000
 CONTEXT_WEIGHT = 1.0
@@ -39,11 +40,6 @@ def parse_ts(value: str) -> datetime: ...
 def parse_ts(value: None) -> None: ...
 def parse_ts(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)  # reads the "...Z" form (Python >= 3.11)
-
-
-def digest(topic: str, content: str) -> str:
-    """Identity of a memory's text within an owner: identical (topic, content) is stored once."""
-    return hashlib.sha256(f"{topic}\x00{content}".encode()).hexdigest()
 
 
 _MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
@@ -182,6 +178,8 @@ class SQLiteStore(Store):
                 if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
                     for (tenant,) in conn.execute("SELECT DISTINCT tenant FROM memories").fetchall():
                         self._fts.names(tenant, create=True)
+                if name == WHITESPACE_DIGESTS:
+                    _redigest(conn)
                 conn.execute("INSERT INTO memshelf_migrations VALUES (?, ?)",
                              (name, ts(datetime.now(UTC))))
 
@@ -299,11 +297,12 @@ class SQLiteStore(Store):
             self._scrub(touched)
         return deleted > 0
 
-    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
-        rows = self._q(f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
-                       " AND m.pk < ? AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.pk DESC LIMIT ?",
-                       (owner.tenant, owner.user, before if before is not None else 2**62, ts(now), limit)).fetchall()
-        return [(r[10], _memory(r)) for r in rows]
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
+        bound, params = _page_bound("memories", owner, after)
+        rows = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
+                       " AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
+                       (owner.tenant, owner.user, *params, ts(now), limit)).fetchall()
+        return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         sql = (f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
@@ -468,19 +467,20 @@ class SQLiteStore(Store):
                      ts(message.created_at), ts(message.expires_at)))
         return message
 
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime | None) -> list[tuple[int, Message]]:
-        sql = "SELECT pk, id, thread, role, content, created_at, expires_at FROM messages" \
-              " WHERE tenant = ? AND user_id = ? AND pk < ?"
-        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before)
+    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
+                      now: datetime | None) -> list[Message]:
+        bound, anchor = _page_bound("messages", owner, after)
+        sql = "SELECT id, thread, role, content, created_at, expires_at FROM messages m" \
+              f" WHERE tenant = ? AND user_id = ?{bound}"
+        params: tuple = (owner.tenant, owner.user, *anchor)
         if thread is not None:  # spelled out, not `? IS NULL OR ...`, so the thread index stays usable
             sql += " AND thread = ?"
             params += (thread,)
         if now is not None:
             sql += " AND (expires_at IS NULL OR expires_at > ?)"
             params += (ts(now),)
-        rows = self._q(sql + " ORDER BY pk DESC LIMIT ?", params + (limit,)).fetchall()
-        return [(r[0], Message(r[1], r[2], r[3], r[4], parse_ts(r[5]), parse_ts(r[6]))) for r in rows]
+        rows = self._q(sql + " ORDER BY created_at DESC, pk DESC LIMIT ?", params + (min(limit, 2**62),)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], parse_ts(r[4]), parse_ts(r[5])) for r in rows]
 
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
         added = 0
@@ -587,6 +587,31 @@ class SQLiteStore(Store):
             "facts": self._q("SELECT count(*) FROM facts").fetchone()[0],
             "messages": self._q("SELECT count(*) FROM messages").fetchone()[0],
         }
+
+
+def _page_bound(table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
+    """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or the
+    same instant and a lower row key than the record `after` names (every row of that instant if it is gone)."""
+    if after is None:
+        return "", ()
+    stamp = ts(after.created_at)
+    return (f" AND (m.created_at < ? OR (m.created_at = ? AND m.pk < coalesce((SELECT a.pk FROM {table} a"
+            " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 9223372036854775807)))",
+            (stamp, stamp, owner.tenant, owner.user, after.id))
+
+
+def _redigest(conn: sqlite3.Connection) -> None:
+    """Recompute every memory's digest with whitespace normalised, oldest first. When two rows of an owner now
+    share a digest, the older takes it and the newer keeps its old one: both stay, nothing is merged."""
+    after = 0
+    while rows := conn.execute("SELECT pk, tenant, user_id, topic, content, digest FROM memories WHERE pk > ?"
+                               " ORDER BY pk LIMIT 1000", (after,)).fetchall():
+        for pk, tenant, user, topic, content, old in rows:
+            new = digest(topic, content)
+            if new != old:
+                conn.execute("UPDATE memories SET digest = ? WHERE pk = ? AND NOT EXISTS (SELECT 1 FROM memories"
+                             " WHERE tenant = ? AND user_id = ? AND digest = ?)", (new, pk, tenant, user, new))
+        after = rows[-1][0]
 
 
 def _split_sql(script: str) -> list[str]:
