@@ -669,6 +669,9 @@ def parse_json_lines(body: bytes) -> list[dict[str, Any]]:
         except ValueError as exc:
             raise InvalidInput(f"line {number} of the import is not JSON ({exc}): send the export file "
                                "unchanged, one JSON object per line") from exc
+        except RecursionError:
+            raise InvalidInput(f"line {number} of the import is nested too deeply to be a memshelf record: send "
+                               "the export file unchanged") from None
         if not isinstance(record, dict):
             raise InvalidInput(f"line {number} of the import is not a JSON object: each line is one record")
         records.append(record)

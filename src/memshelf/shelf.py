@@ -10,15 +10,16 @@ import logging
 import os
 import secrets
 from dataclasses import replace
-from datetime import datetime, timedelta
-from typing import Any, overload
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import context as ctx
 from .embedders.base import Embedder, default_embedder_spec, resolve_embedder
-from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound, UnknownSource
+from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from .ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
@@ -451,50 +452,108 @@ class Shelf:
 
     def import_(self, owner: Owner, records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         """Load records made by export() into this owner, all or nothing. Records the owner already has are
-        skipped, so importing twice adds nothing."""
+        skipped, so importing twice adds nothing (fact history included).
+
+        A record is checked as remember() checks its input, never trusted: a memory's confidence comes from its
+        source as this shelf declares it (the record's `confidence` is ignored); ids must have the shape memshelf
+        gives; times lie between 1970 and now (plus MAX_CLOCK_SKEW); expiries are in the future; observations are
+        1 to MAX_OBSERVATIONS. The first bad record stops the import with an InvalidInput naming its number and
+        field. A vector is kept only when its length fits its model (see _settle_vectors)."""
         owner = _check_owner(owner)
-        memories: list[Memory] = []
-        blobs: list[bytes | None] = []
-        facts: list[Fact] = []
-        changes: list[FactChange] = []
-        messages: list[Message] = []
+        now = self.now()
+        batch = _Imported()
         for number, record in enumerate(records, 1):
             try:
-                kind = record["kind"]
-                if kind == "memshelf-export":
-                    if record.get("format") != EXPORT_FORMAT:
-                        raise InvalidInput(f"export format {record.get('format')!r} is not {EXPORT_FORMAT}: "
-                                           "upgrade memshelf to read it")
-                elif kind == "memory":
-                    memory, blob = self._memory_from_record(record)
-                    memories.append(memory)
-                    blobs.append(blob)
-                elif kind == "fact":
-                    facts.append(Fact(check_text("fact key", record["key"], MAX_FACT_KEY_CHARS),
-                                      check_text("fact value", record["value"], MAX_FACT_VALUE_CHARS),
-                                      self._known_source(record["source"]), _when(record["updated_at"])))
-                elif kind == "fact_change":
-                    changes.append(FactChange(check_text("fact key", record["key"], MAX_FACT_KEY_CHARS),
-                                              check_text("fact value", record["value"], MAX_FACT_VALUE_CHARS),
-                                              self._known_source(record["source"]), _when(record["set_at"])))
-                elif kind == "message":
-                    messages.append(Message(self._check_id(record["id"]), check_text("thread", record["thread"]),
-                                            check_text("role", record["role"], 64),
-                                            check_text("content", record["content"]),
-                                            _when(record["created_at"]), _when(record.get("expires_at"))))
-                else:
-                    raise InvalidInput(f"unknown record kind {kind!r}")
-            except UnknownSource:
-                raise
-            except (KeyError, TypeError, ValueError) as exc:
-                raise InvalidInput(f"import record {number} is malformed ({exc}): nothing was imported; "
-                                   "fix the record or re-export") from exc
-        memories, blobs = self._embed_imported(memories, blobs)
+                self._read_record(record, batch, now)
+            except RecursionError:
+                raise InvalidInput(f"import record {number} is nested too deeply to read: nothing was imported; "
+                                   "fix the record or re-export") from None
+            except InvalidInput as exc:
+                raise type(exc)(f"import record {number}: {exc}; nothing was imported (fix the record or "
+                                "re-export)") from exc
+        memories, blobs = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
+        changes = _unseen(batch.changes, self.store.fact_history(owner, None))
         with self.store.atomic():
             counts = {"memories": self.store.import_memories(owner, memories, blobs),
-                      "facts": self.store.import_facts(owner, facts, changes),
-                      "messages": self.store.import_messages(owner, messages)}
+                      "facts": self.store.import_facts(owner, batch.facts, changes),
+                      "messages": self.store.import_messages(owner, batch.messages)}
         return counts
+
+    def _read_record(self, record: object, batch: _Imported, now: datetime) -> None:
+        if not isinstance(record, Mapping):
+            raise InvalidInput(f"it is a {type(record).__name__}, not a JSON object")
+        kind = record.get("kind")
+        if kind == "memshelf-export":
+            if record.get("format") != EXPORT_FORMAT:
+                raise InvalidInput(f"the export format is not {EXPORT_FORMAT}: upgrade memshelf to read it")
+        elif kind == "memory":
+            memory, blob = self._memory_from_record(record, now)
+            batch.memories.append(memory)
+            batch.blobs.append(blob)
+        elif kind == "fact":
+            key, value, source = self._fact_fields(record)
+            batch.facts.append(Fact(key, value, source, _field(record, "updated_at", _past(now))))
+        elif kind == "fact_change":
+            key, value, source = self._fact_fields(record)
+            batch.changes.append(FactChange(key, value, source, _field(record, "set_at", _past(now))))
+        elif kind == "message":
+            batch.messages.append(Message(
+                _field(record, "id", _record_id("msg")),
+                _field(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS)),
+                _field(record, "role", lambda v: check_text("role", v, 64)),
+                _field(record, "content", lambda v: check_text("content", v)),
+                _field(record, "created_at", _past(now)),
+                _optional(record, "expires_at", _future(now))))
+        else:
+            shown = repr(kind[:40]) if isinstance(kind, str) else f"of type {type(kind).__name__}"
+            raise InvalidInput(f"unknown record kind {shown}: use memory, fact, fact_change or message")
+
+    def _fact_fields(self, record: Mapping[str, Any]) -> tuple[str, str, str]:
+        return (_field(record, "key", lambda v: check_text("fact key", v, MAX_FACT_KEY_CHARS)),
+                _field(record, "value", lambda v: check_text("fact value", v, MAX_FACT_VALUE_CHARS)),
+                _field(record, "source", self._known_source))
+
+    def _settle_vectors(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]
+                        ) -> tuple[list[Memory], list[bytes | None]]:
+        """Drop each imported vector whose length does not fit its model, so that no stamp lies about a vector
+        (backfill trusts stamps). A vector of the configured embedder's model must have its dimensions; a vector of
+        another model must have the one length shared by every vector of that model in the import and already
+        stored for the owner. A memory whose vector is dropped is embedded now, or by backfill if it cannot be."""
+        widths = self._model_widths(owner, memories, blobs)
+        settled: tuple[list[Memory], list[bytes | None]] = ([], [])
+        for memory, blob in zip(memories, blobs):
+            if blob is not None and widths.get(memory.embed_model or "") != len(blob) // 4:
+                log.warning("import: dropping the %d-d vector of %s stamped %s (wrong length for that model); "
+                            "it is embedded again", len(blob) // 4, memory.id, memory.embed_model)
+                memory, blob = replace(memory, embed_model=None), None
+            settled[0].append(memory)
+            settled[1].append(blob)
+        return settled
+
+    def _model_widths(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]) -> dict[str, int]:
+        """The one vector length each model stamped on the import may have; a model with no single length is left
+        out (its vectors are all dropped)."""
+        seen: dict[str, set[int]] = {}
+        for memory, blob in zip(memories, blobs):
+            if blob is not None and memory.embed_model:
+                seen.setdefault(memory.embed_model, set()).add(len(blob) // 4)
+        configured = self.embedder.model if self.embedder is not None else None
+        if configured in seen:
+            try:
+                return {**self._stored_widths(owner, seen.keys() - {configured}, seen),
+                        configured: self.embedder.dimensions}  # type: ignore[union-attr, dict-item]
+            except EmbedderUnavailable:
+                pass  # its length cannot be asked now: hold its vectors to the consistency rule
+        return self._stored_widths(owner, set(seen), seen)
+
+    def _stored_widths(self, owner: Owner, models: Iterable[str], seen: dict[str, set[int]]) -> dict[str, int]:
+        wanted = set(models)
+        widths = {m: set(seen[m]) for m in wanted}
+        if wanted:
+            for memory, blob in self.store.iter_memories(owner, None):
+                if blob is not None and memory.embed_model in wanted:
+                    widths[memory.embed_model].add(len(blob) // 4)
+        return {model: next(iter(found)) for model, found in widths.items() if len(found) == 1}
 
     def _embed_imported(self, memories: list[Memory], blobs: list[bytes | None]
                         ) -> tuple[list[Memory], list[bytes | None]]:
@@ -520,16 +579,23 @@ class Shelf:
         self.sources.confidence(source)
         return source  # type: ignore[return-value]
 
-    def _memory_from_record(self, record: Mapping[str, Any]) -> tuple[Memory, bytes | None]:
-        self._known_source(record["source"])
-        blob = base64.b64decode(record["embedding"], validate=True) if record.get("embedding") else None
-        if blob is not None and (len(blob) % 4 or not record.get("embed_model")):
-            raise InvalidInput("embedding must be base64 float32 with its embed_model")
-        memory = Memory(id=self._check_id(record["id"]), topic=check_topic(record["topic"]),
-                        content=check_text("content", record["content"]), source=record["source"],
-                        confidence=float(record["confidence"]), created_at=_when(record["created_at"]),
-                        expires_at=_when(record.get("expires_at")), last_seen=_when(record.get("last_seen")),
-                        observations=int(record.get("observations", 1)), embed_model=record.get("embed_model"))
+    def _memory_from_record(self, record: Mapping[str, Any], now: datetime) -> tuple[Memory, bytes | None]:
+        source = _field(record, "source", self._known_source)
+        created = _field(record, "created_at", _past(now))
+        last_seen = _optional(record, "last_seen", _past(now)) or created
+        if last_seen < created:
+            raise InvalidInput("field 'last_seen' is before created_at: a memory is seen again only after it is made")
+        blob = _optional(record, "embedding", _vector_blob)
+        model = _optional(record, "embed_model", lambda v: check_text("embed_model", v, MAX_TOPIC_CHARS))
+        if blob is not None and model is None:
+            raise InvalidInput("field 'embedding' has no embed_model: a vector needs the name of the model that made "
+                               "it (or drop the embedding and the memory is embedded again)")
+        memory = Memory(id=_field(record, "id", _record_id("m")), topic=_field(record, "topic", check_topic),
+                        content=_field(record, "content", lambda v: check_text("content", v)), source=source,
+                        confidence=self.sources.confidence(source), created_at=created,
+                        expires_at=_optional(record, "expires_at", _future(now)), last_seen=last_seen,
+                        observations=_optional(record, "observations", _observations) or 1,
+                        embed_model=model if blob is not None else None)
         return memory, blob
 
     # ---------------------------------------------------------------- API keys (for `memshelf serve`)
@@ -570,16 +636,112 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat(timespec="microseconds")
 
 
-@overload
-def _when(text: str) -> datetime: ...
-@overload
-def _when(text: object) -> datetime | None: ...
-def _when(text: object) -> datetime | None:
-    if text is None:
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_CLOCK_SKEW = timedelta(minutes=5)
+"""How far in the future an imported record's time may be (clocks of two machines disagree a little)."""
+MAX_OBSERVATIONS = 2**31 - 1
+
+
+class _Imported:
+    """The records of one import, checked, waiting to be written together."""
+
+    def __init__(self) -> None:
+        self.memories: list[Memory] = []
+        self.blobs: list[bytes | None] = []
+        self.facts: list[Fact] = []
+        self.changes: list[FactChange] = []
+        self.messages: list[Message] = []
+
+
+_T = TypeVar("_T")
+
+
+def _field(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) -> _T:
+    """A required field of an import record, checked; errors name the field."""
+    value = _optional(record, name, check)
+    if value is None:
+        raise InvalidInput(f"field {name!r} is missing")
+    return value
+
+
+def _optional(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) -> _T | None:
+    value = record.get(name)
+    if value is None:
         return None
-    if not isinstance(text, str):
-        raise InvalidInput(f"timestamps must be ISO 8601 strings, got {type(text).__name__}")
-    return check_when("timestamp", datetime.fromisoformat(text))
+    try:
+        return check(value)
+    except InvalidInput as exc:
+        raise type(exc)(f"field {name!r}: {exc}") from exc
+
+
+def _record_id(kind: str) -> Callable[[object], str]:
+    def check(value: object) -> str:
+        if not is_id(kind, value):
+            raise InvalidInput(f"not an id memshelf makes (like {new_id(kind)})")
+        return value  # type: ignore[return-value]
+    return check
+
+
+def _time(value: object) -> datetime:
+    if not isinstance(value, str):
+        raise InvalidInput(f"must be an ISO 8601 time string, got {type(value).__name__}")
+    try:
+        when = datetime.fromisoformat(value)
+        return check_when("the time", when)
+    except (ValueError, OverflowError) as exc:
+        raise InvalidInput(f"{value[:40]!r} is not an ISO 8601 time with an offset, e.g. "
+                           "2026-01-01T12:00:00+00:00") from exc
+
+
+def _past(now: datetime) -> Callable[[object], datetime]:
+    """A record's creation or change time: from 1970 up to now (plus a small clock skew)."""
+    def check(value: object) -> datetime:
+        when = _time(value)
+        if not EARLIEST <= when <= now + MAX_CLOCK_SKEW:
+            raise InvalidInput(f"{when.isoformat()} is not between 1970 and now ({now.isoformat()}): "
+                               "a record cannot be made before 1970 or in the future")
+        return when
+    return check
+
+
+def _future(now: datetime) -> Callable[[object], datetime | None]:
+    """A record's expiry: the same rules as remember's expires_at (so never one that has already passed)."""
+    return lambda value: resolve_expiry(_time(value), None, now)
+
+
+def _observations(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OBSERVATIONS:
+        raise InvalidInput(f"must be a whole number from 1 to {MAX_OBSERVATIONS:,}")
+    return value
+
+
+def _vector_blob(value: object) -> bytes:
+    """A base64 float32 vector of finite numbers."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"must be base64 text, got {type(value).__name__}")
+    try:
+        blob = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput("is not valid base64") from exc
+    if not blob or len(blob) % 4:
+        raise InvalidInput("must hold float32 numbers (a multiple of 4 bytes)")
+    if not np.all(np.isfinite(np.frombuffer(blob, dtype="<f4"))):
+        raise InvalidInput("contains NaN or infinity: re-export it, or drop embedding and embed_model so the "
+                           "memory is embedded again")
+    return blob
+
+
+def _unseen(wanted: Sequence[FactChange], present: Sequence[FactChange]) -> list[FactChange]:
+    """The fact changes the owner lacks (a multiset difference, in order): a change is its (key, value, source,
+    set_at), and history has no ids, so importing the same export twice must not add them twice."""
+    have = Counter(present)
+    missing = []
+    for change in wanted:
+        if have[change]:
+            have[change] -= 1
+        else:
+            missing.append(change)
+    return missing
 
 
 def _memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
