@@ -80,6 +80,8 @@ def test_a_bad_message_or_fact_record_is_refused(shelf):
             shelf.import_(KALEB, [bad])
     with pytest.raises(InvalidInput, match="record 2 is nested too deeply|record 2: unknown record kind"):
         shelf.import_(KALEB, [EXPORT_HEADER, {"kind": nested()}])
+    with pytest.raises(InvalidInput, match="record 1: field 'kind' is missing"):
+        shelf.import_(KALEB, [{"topic": "t"}])
     assert list(shelf.export(KALEB)) == [EXPORT_HEADER]
 
 

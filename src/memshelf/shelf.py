@@ -483,6 +483,8 @@ class Shelf:
         if not isinstance(record, Mapping):
             raise InvalidInput(f"it is a {type(record).__name__}, not a JSON object")
         kind = record.get("kind")
+        if kind is None:
+            raise InvalidInput("field 'kind' is missing: every line of an export names its kind (memory, fact, ...)")
         if kind == "memshelf-export":
             if record.get("format") != EXPORT_FORMAT:
                 raise InvalidInput(f"the export format is not {EXPORT_FORMAT}: upgrade memshelf to read it")
