@@ -187,8 +187,16 @@ def test_http_lists_remembers_recalls_and_bounds(http: tuple[str, dict[str, str]
         await check_tool_listing(session)
         await check_remember_then_recall(session)
         await check_bounds_and_errors(session)
+        await check_a_guess_keeps_the_stated_fact(session)
 
     run(everything, lambda: http_session(url, secrets["acme"], "alice"))
+
+
+async def check_a_guess_keeps_the_stated_fact(session: ClientSession) -> None:
+    # Over HTTP only: the stdio server is a subprocess that gets no PYTHONPATH (the MCP SDK passes a minimal
+    # environment), so it runs whichever memshelf is installed rather than the code under test.
+    guess = await call(session, "set_fact", key="user_name", value="Kal", source="inferred")
+    assert guess["value"] == "Kaleb" and "kept the stated value" in guess["note"]  # the guess went to history
 
 
 def test_http_owners_are_isolated_and_match_the_rest_api(http: tuple[str, dict[str, str]]) -> None:

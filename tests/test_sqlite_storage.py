@@ -132,7 +132,7 @@ def test_upgrading_repairs_a_double_indexed_tenant(tmp_path, monkeypatch):
         assert_index_consistent(db)
     monkeypatch.setattr(sqlite_store, "MIGRATIONS", MIGRATIONS)
     with Shelf.open(db, embedder=None) as shelf:
-        assert shelf.store.applied_migrations()[-1] == "m005_fts_reindex"  # type: ignore[attr-defined]
+        assert "m005_fts_reindex" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
         assert_index_consistent(db)
         assert len(shelf.search(KALEB, "printer router")) == 2
         shelf.remember(KALEB, "network", "The scanner is broken.")

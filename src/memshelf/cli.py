@@ -220,7 +220,12 @@ def set_fact(ctx: typer.Context, key: str, value: str,
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
         fact = shelf.set_fact(s.owner(), key, value, source)
-    _emit_json(fact) if s.as_json else out.print(f"{fact.key}: {fact.value}", highlight=False)
+    if s.as_json:
+        _emit_json({**_plain(fact), "note": fact.note})
+        return
+    out.print(f"{fact.key}: {fact.value}", highlight=False)
+    if fact.note:
+        err.print(f"[yellow]{fact.note}[/]", highlight=False)
 
 
 @app.command()
@@ -315,7 +320,10 @@ def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON L
         records = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError) as exc:
         raise MemshelfError(f"cannot read {in_file}: {exc}; pass a file written by `memshelf export`") from exc
-    with _shelf(ctx, embedder=None) as shelf:
+    except RecursionError:
+        raise MemshelfError(f"cannot read {in_file}: a line is nested too deeply to be a memshelf record; pass a "
+                            "file written by `memshelf export`") from None
+    with _shelf(ctx) as shelf:  # the configured embedder: it checks the length of vectors stamped with its model
         counts = shelf.import_(s.owner(), records)
     _emit_json(counts) if s.as_json else out.print(
         "imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .model import Fact, Hit
 
@@ -29,9 +29,17 @@ def _within(header: str, lines: Sequence[str], budget: int) -> tuple[str, int]:
     return "\n".join([header, *kept]), used
 
 
-def facts_block(facts: Sequence[Fact], budget: int = DEFAULT_BUDGET_CHARS) -> str:
-    """`Known facts about the user:` and one `  - key: value` line per fact, most recent first."""
-    return _within(FACTS_HEADER, [f"  - {f.key}: {f.value}" for f in facts], budget)[0]
+def fact_line(fact: Fact, confirmed: Collection[str] | None = None) -> str:
+    """`  - key: value`, marked `(unconfirmed: <source>)` when its source is not in `confirmed` (None: all are), so a
+    prompt never presents a guess as a known fact."""
+    line = f"  - {fact.key}: {fact.value}"
+    return line if confirmed is None or fact.source in confirmed else f"{line} (unconfirmed: {fact.source})"
+
+
+def facts_block(facts: Sequence[Fact], budget: int = DEFAULT_BUDGET_CHARS,
+                confirmed: Collection[str] | None = None) -> str:
+    """`Known facts about the user:` and one line per fact (fact_line), most recent first."""
+    return _within(FACTS_HEADER, [fact_line(f, confirmed) for f in facts], budget)[0]
 
 
 def knowledge_block(hits: Sequence[Hit], budget: int = DEFAULT_BUDGET_CHARS) -> str:
@@ -41,13 +49,14 @@ def knowledge_block(hits: Sequence[Hit], budget: int = DEFAULT_BUDGET_CHARS) -> 
 
 
 def assemble(base_prompt: str, facts: Sequence[Fact], hits: Sequence[Hit],
-             budget: int = DEFAULT_BUDGET_CHARS) -> str:
+             budget: int = DEFAULT_BUDGET_CHARS, confirmed: Collection[str] | None = None) -> str:
     """base prompt, then `Memory context:` with the facts, then knowledge; blocks separated by a blank line.
 
-    Facts come first in the budget (they travel with every call); knowledge gets what is left.
+    Facts come first in the budget (they travel with every call); knowledge gets what is left. Facts whose source
+    is not in `confirmed` (the sources worth as much as `stated`) are marked unconfirmed.
     """
     parts = [base_prompt]
-    memory = facts_block(facts, budget - len(MEMORY_HEADER) - 3)
+    memory = facts_block(facts, budget - len(MEMORY_HEADER) - 3, confirmed)
     spent = 0
     if memory:
         parts.append(f"{MEMORY_HEADER}\n{memory}")

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import secrets
+
+_SHAPE = re.compile(r"[a-z]+_[0-9a-f]{16}")
 
 
 def new_id(kind: str) -> str:
     return f"{kind}_{secrets.token_hex(8)}"
+
+
+def is_id(kind: str, value: object) -> bool:
+    """Whether `value` has the shape new_id(kind) makes (imports accept no other ids)."""
+    return isinstance(value, str) and value.startswith(f"{kind}_") and _SHAPE.fullmatch(value) is not None

@@ -81,6 +81,7 @@ class FactItem(BaseModel):
     truncated: bool
     source: str
     updated_at: str
+    note: str | None = None
 
 
 class FactsResult(BaseModel):
@@ -108,7 +109,7 @@ def recalled(hit: Hit) -> Recalled:
 def fact_item(fact: Fact) -> FactItem:
     value, truncated = shown(fact.value)
     return FactItem(key=fact.key, value=value, truncated=truncated, source=fact.source,
-                    updated_at=fact.updated_at.isoformat())
+                    updated_at=fact.updated_at.isoformat(), note=fact.note)
 
 
 # ---------------------------------------------------------------------------------------------- the server

@@ -109,6 +109,18 @@ class Fact:
     value: str
     source: str
     updated_at: datetime
+    outranked: FactChange | None = field(default=None, compare=False)
+    """Set only on what set_fact returns when the value just given came from a weaker source than the current
+    one: that value went to the fact's history, and this (unchanged) value stays current."""
+
+    @property
+    def note(self) -> str | None:
+        """What set_fact did when it did not replace the current value, in words an interface can show."""
+        if self.outranked is None:
+            return None
+        return (f"kept the {self.source} value {self.value!r}; the {self.outranked.source} value "
+                f"{self.outranked.value!r} is in the fact's history (set it from a source at least as strong "
+                "to replace it)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,5 +222,9 @@ def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime |
             raise InvalidInput(f"ttl must be a positive number of seconds, got {ttl!r}")
         return now + timedelta(seconds=seconds)
     if expires_at is not None:
-        return check_when("expires_at", expires_at)
+        when = check_when("expires_at", expires_at)
+        if when <= now:
+            raise InvalidInput(f"expires_at {when.isoformat()} has already passed: pass a future instant, "
+                               "or leave it out to keep the record")
+        return when
     return None

@@ -379,6 +379,8 @@ class FactOut(Out):
     value: str
     source: str
     updated_at: datetime
+    note: str | None = Field(default=None, description="set when the value given was kept in history only: the "
+                             "current value comes from a stronger source")
 
 
 
@@ -636,7 +638,7 @@ def _owner_routes(app: FastAPI) -> None:
     @app.get("/v1/users/{user}/export", tags=["users"],
              responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSON Lines"}})
     def export(owner: OwnerDep, shelf: ShelfDep) -> StreamingResponse:
-        """Every record of the user as JSON Lines, expired ones included (feed it back to import)."""
+        """Every live record of the user as JSON Lines, expired ones left out (feed it back to import)."""
         lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in shelf.export(owner))
         filename = f"memshelf-{owner.tenant}-{owner.user}.jsonl".encode("ascii", "replace").decode()
         return StreamingResponse(lines, media_type="application/x-ndjson",
@@ -670,6 +672,9 @@ def parse_json_lines(body: bytes) -> list[dict[str, Any]]:
         except ValueError as exc:
             raise InvalidInput(f"line {number} of the import is not JSON ({exc}): send the export file "
                                "unchanged, one JSON object per line") from exc
+        except RecursionError:
+            raise InvalidInput(f"line {number} of the import is nested too deeply to be a memshelf record: send "
+                               "the export file unchanged") from None
         if not isinstance(record, dict):
             raise InvalidInput(f"line {number} of the import is not a JSON object: each line is one record")
         records.append(record)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import json
 import logging
 import os
 import secrets
 from dataclasses import replace
-from datetime import datetime, timedelta
-from typing import Any, overload
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -17,14 +20,14 @@ import numpy as np
 from . import context as ctx
 from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, resolve_embedder,
                               search_timeout, write_timeout)
-from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound, UnknownSource
-from .ids import new_id
+from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
+from .ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                     Message, NewMemory, Owner, SearchResult, Sources, check_text, check_topic, check_when,
                     resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
-from .stores.base import ApiKey, Erased, Store, open_store
+from .stores.base import ApiKey, Erased, Position, Store, open_store
 from .vectors import pack
 
 log = logging.getLogger("memshelf")
@@ -61,13 +64,43 @@ def _check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
-def _read_cursor(cursor: object) -> int | None:
-    """The key a page ended on, from the next_cursor a list_* call gave out (None: start at the newest)."""
+CURSOR_PREFIX = "c1."
+MAX_CURSOR_CHARS = 200
+
+
+def _owner_check(owner: Owner) -> str:
+    """A short tag of the owner, in a cursor so that one owner's cursor is refused for another."""
+    return hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int) -> str | None:
+    """The opaque cursor of the page after this one (None when this page is the last): the last record's instant
+    and id, owner-scoped, so it reveals nothing about other owners' records or how many there are."""
+    if len(page) < limit:
+        return None
+    last = page[-1]
+    payload = json.dumps([_owner_check(owner), _iso(last.created_at), last.id], separators=(",", ":"))
+    return CURSOR_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+def _read_cursor(owner: Owner, kind: str, cursor: object) -> Position | None:
+    """Where the previous page ended, from the next_cursor a list_* call gave this owner (None: start at the newest)."""
     if cursor is None:
         return None
-    if not isinstance(cursor, str) or not cursor.isdigit() or len(cursor) > 18:
-        raise InvalidInput(f"cursor {cursor!r} is not one this shelf gave out: pass next_cursor unchanged")
-    return int(cursor)
+    shown = repr(cursor[:40]) if isinstance(cursor, str) else f"of type {type(cursor).__name__}"
+    refused = InvalidInput(f"cursor {shown} is not one this shelf gave out for {owner}: pass next_cursor unchanged, "
+                           "or leave cursor out to start from the newest")
+    if not isinstance(cursor, str) or not cursor.startswith(CURSOR_PREFIX) or len(cursor) > MAX_CURSOR_CHARS:
+        raise refused
+    body = cursor[len(CURSOR_PREFIX):]
+    try:
+        tag, when, record_id = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        created = datetime.fromisoformat(when)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise refused from exc
+    if tag != _owner_check(owner) or not is_id(kind, record_id) or created.tzinfo is None:
+        raise refused
+    return Position(created, record_id)
 
 
 class Shelf:
@@ -240,11 +273,11 @@ class Shelf:
     def list_memories(self, owner: Owner, *, limit: int = 50,
                       cursor: str | None = None) -> tuple[list[Memory], str | None]:
         """One page of the owner's live memories, newest first, and the cursor of the next page (None at the end)."""
-        before = _read_cursor(cursor)
+        owner = _check_owner(owner)
+        after = _read_cursor(owner, "m", cursor)
         limit = _check_limit(limit)
-        rows = self.store.page_memories(_check_owner(owner), before, limit, self.now())
-        next_cursor = str(rows[-1][0]) if len(rows) == limit else None
-        return [m for _, m in rows], next_cursor
+        page = self.store.page_memories(owner, after, limit, self.now())
+        return page, _next_cursor(owner, page, limit)
 
     def forget(self, owner: Owner, memory_id: str) -> Erased:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
@@ -324,16 +357,25 @@ class Shelf:
         if not isinstance(user_text, str):
             raise InvalidInput(f"user_text must be a string, got {type(user_text).__name__}")
         hits = self.search(owner, user_text, mode=mode, limit=limit) if user_text.strip() else []
-        return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget)
+        return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget, confirmed=self._confirmed_sources())
+
+    def _confirmed_sources(self) -> set[str]:
+        """The sources worth as much as `stated`: a fact from any other (or undeclared) source is a guess."""
+        return {name for name, worth in self.sources.items() if worth >= self.sources["stated"]}
 
     # ---------------------------------------------------------------- facts
     def set_fact(self, owner: Owner, key: str, value: str, source: str = "stated") -> Fact:
-        """Set the one current value of a fact; the old value stays in fact_history."""
+        """Set the one current value of a fact; the old value stays in fact_history.
+
+        A value from a weaker source than the current one's (inferred over stated) never replaces it: it goes to
+        fact_history only, and the returned Fact is the unchanged current one with `outranked` set to the value
+        given (`note` says so in words). A source this shelf has not declared counts as the strongest."""
         owner = _check_owner(owner)
         key = check_text("fact key", key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", value, MAX_FACT_VALUE_CHARS)
-        self.sources.confidence(source)
-        return self.store.set_fact(owner, key, value, source, self.now())
+        worth = self.sources.confidence(source)
+        return self.store.set_fact(owner, key, value, source, self.now(),
+                                   replaces=lambda current: worth >= self.sources.get(current, 1.0))
 
     def facts(self, owner: Owner) -> list[Fact]:
         """The owner's current facts, most recently set first."""
@@ -378,10 +420,11 @@ class Shelf:
                       cursor: str | None = None) -> tuple[list[Message], str | None]:
         """One page of the owner's live messages (of a thread, or of all), newest first, and the cursor of the next
         page (None at the end): unlike messages(), paging reaches back to the first message."""
-        before = _read_cursor(cursor)
+        owner = _check_owner(owner)
+        after = _read_cursor(owner, "msg", cursor)
         limit = _check_limit(limit)
-        rows = self.store.page_messages(_check_owner(owner), thread, before, limit, self.now())
-        return [m for _, m in rows], (str(rows[-1][0]) if len(rows) == limit else None)
+        page = self.store.page_messages(owner, thread, after, limit, self.now())
+        return page, _next_cursor(owner, page, limit)
 
     # ---------------------------------------------------------------- erasure
     def forget_user(self, owner: Owner) -> Erased:
@@ -389,8 +432,9 @@ class Shelf:
         return self.store.erase_user(_check_owner(owner))
 
     def forget_tenant(self, tenant: str) -> Erased:
-        """Admin: erase every user of a tenant."""
+        """Admin: erase every user of a tenant, and revoke its API keys first so no request acts for it after."""
         Owner(tenant, "-")  # same validation as an owner's tenant
+        self.store.revoke_tenant_keys(tenant, self.now())
         return self.store.erase_tenant(tenant)
 
     def purge_expired(self) -> Erased:
@@ -423,10 +467,12 @@ class Shelf:
 
     # ---------------------------------------------------------------- export / import
     def export(self, owner: Owner) -> Iterator[dict[str, Any]]:
-        """Every record of the owner as JSON-ready dicts (one per JSON Lines row), expired ones included."""
+        """Every live record of the owner as JSON-ready dicts (one per JSON Lines row); expired memories and
+        messages are left out, as every other read leaves them out."""
         owner = _check_owner(owner)
+        now = self.now()
         yield {"kind": "memshelf-export", "format": EXPORT_FORMAT}
-        for memory, blob in self.store.iter_memories(owner, None):
+        for memory, blob in self.store.iter_memories(owner, now):
             yield _memory_record(memory, blob)
         for fact in reversed(self.store.facts(owner)):
             yield {"kind": "fact", "key": fact.key, "value": fact.value, "source": fact.source,
@@ -434,57 +480,117 @@ class Shelf:
         for change in self.store.fact_history(owner, None):
             yield {"kind": "fact_change", "key": change.key, "value": change.value, "source": change.source,
                    "set_at": _iso(change.set_at)}
-        for message in self.store.messages(owner, None, 2**62, None):
+        for message in self.store.messages(owner, None, 2**62, now):
             yield {"kind": "message", "id": message.id, "thread": message.thread, "role": message.role,
                    "content": message.content, "created_at": _iso(message.created_at),
                    "expires_at": _iso(message.expires_at)}
 
     def import_(self, owner: Owner, records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         """Load records made by export() into this owner, all or nothing. Records the owner already has are
-        skipped, so importing twice adds nothing."""
+        skipped, so importing twice adds nothing (fact history included).
+
+        A record is checked as remember() checks its input, never trusted: a memory's confidence comes from its
+        source as this shelf declares it (the record's `confidence` is ignored); ids must have the shape memshelf
+        gives; times lie between 1970 and now (plus MAX_CLOCK_SKEW); expiries are in the future; observations are
+        1 to MAX_OBSERVATIONS. The first bad record stops the import with an InvalidInput naming its number and
+        field. A vector is kept only when its length fits its model (see _settle_vectors)."""
         owner = _check_owner(owner)
-        memories: list[Memory] = []
-        blobs: list[bytes | None] = []
-        facts: list[Fact] = []
-        changes: list[FactChange] = []
-        messages: list[Message] = []
+        now = self.now()
+        batch = _Imported()
         for number, record in enumerate(records, 1):
             try:
-                kind = record["kind"]
-                if kind == "memshelf-export":
-                    if record.get("format") != EXPORT_FORMAT:
-                        raise InvalidInput(f"export format {record.get('format')!r} is not {EXPORT_FORMAT}: "
-                                           "upgrade memshelf to read it")
-                elif kind == "memory":
-                    memory, blob = self._memory_from_record(record)
-                    memories.append(memory)
-                    blobs.append(blob)
-                elif kind == "fact":
-                    facts.append(Fact(check_text("fact key", record["key"], MAX_FACT_KEY_CHARS),
-                                      check_text("fact value", record["value"], MAX_FACT_VALUE_CHARS),
-                                      self._known_source(record["source"]), _when(record["updated_at"])))
-                elif kind == "fact_change":
-                    changes.append(FactChange(check_text("fact key", record["key"], MAX_FACT_KEY_CHARS),
-                                              check_text("fact value", record["value"], MAX_FACT_VALUE_CHARS),
-                                              self._known_source(record["source"]), _when(record["set_at"])))
-                elif kind == "message":
-                    messages.append(Message(self._check_id(record["id"]), check_text("thread", record["thread"]),
-                                            check_text("role", record["role"], 64),
-                                            check_text("content", record["content"]),
-                                            _when(record["created_at"]), _when(record.get("expires_at"))))
-                else:
-                    raise InvalidInput(f"unknown record kind {kind!r}")
-            except UnknownSource:
-                raise
-            except (KeyError, TypeError, ValueError) as exc:
-                raise InvalidInput(f"import record {number} is malformed ({exc}): nothing was imported; "
-                                   "fix the record or re-export") from exc
-        memories, blobs = self._embed_imported(memories, blobs)
+                self._read_record(record, batch, now)
+            except RecursionError:
+                raise InvalidInput(f"import record {number} is nested too deeply to read: nothing was imported; "
+                                   "fix the record or re-export") from None
+            except InvalidInput as exc:
+                raise type(exc)(f"import record {number}: {exc}; nothing was imported (fix the record or "
+                                "re-export)") from exc
+        memories, blobs = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
+        changes = _unseen(batch.changes, self.store.fact_history(owner, None))
         with self.store.atomic():
             counts = {"memories": self.store.import_memories(owner, memories, blobs),
-                      "facts": self.store.import_facts(owner, facts, changes),
-                      "messages": self.store.import_messages(owner, messages)}
+                      "facts": self.store.import_facts(owner, batch.facts, changes),
+                      "messages": self.store.import_messages(owner, batch.messages)}
         return counts
+
+    def _read_record(self, record: object, batch: _Imported, now: datetime) -> None:
+        if not isinstance(record, Mapping):
+            raise InvalidInput(f"it is a {type(record).__name__}, not a JSON object")
+        kind = record.get("kind")
+        if kind is None:
+            raise InvalidInput("field 'kind' is missing: every line of an export names its kind (memory, fact, ...)")
+        if kind == "memshelf-export":
+            if record.get("format") != EXPORT_FORMAT:
+                raise InvalidInput(f"the export format is not {EXPORT_FORMAT}: upgrade memshelf to read it")
+        elif kind == "memory":
+            memory, blob = self._memory_from_record(record, now)
+            batch.memories.append(memory)
+            batch.blobs.append(blob)
+        elif kind == "fact":
+            key, value, source = self._fact_fields(record)
+            batch.facts.append(Fact(key, value, source, _field(record, "updated_at", _past(now))))
+        elif kind == "fact_change":
+            key, value, source = self._fact_fields(record)
+            batch.changes.append(FactChange(key, value, source, _field(record, "set_at", _past(now))))
+        elif kind == "message":
+            batch.messages.append(Message(
+                _field(record, "id", _record_id("msg")),
+                _field(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS)),
+                _field(record, "role", lambda v: check_text("role", v, 64)),
+                _field(record, "content", lambda v: check_text("content", v)),
+                _field(record, "created_at", _past(now)),
+                _optional(record, "expires_at", _future(now))))
+        else:
+            shown = repr(kind[:40]) if isinstance(kind, str) else f"of type {type(kind).__name__}"
+            raise InvalidInput(f"unknown record kind {shown}: use memory, fact, fact_change or message")
+
+    def _fact_fields(self, record: Mapping[str, Any]) -> tuple[str, str, str]:
+        return (_field(record, "key", lambda v: check_text("fact key", v, MAX_FACT_KEY_CHARS)),
+                _field(record, "value", lambda v: check_text("fact value", v, MAX_FACT_VALUE_CHARS)),
+                _field(record, "source", self._known_source))
+
+    def _settle_vectors(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]
+                        ) -> tuple[list[Memory], list[bytes | None]]:
+        """Drop each imported vector whose length does not fit its model, so that no stamp lies about a vector
+        (backfill trusts stamps). A vector of the configured embedder's model must have its dimensions; a vector of
+        another model must have the one length shared by every vector of that model in the import and already
+        stored for the owner. A memory whose vector is dropped is embedded now, or by backfill if it cannot be."""
+        widths = self._model_widths(owner, memories, blobs)
+        settled: tuple[list[Memory], list[bytes | None]] = ([], [])
+        for memory, blob in zip(memories, blobs):
+            if blob is not None and widths.get(memory.embed_model or "") != len(blob) // 4:
+                log.warning("import: dropping the %d-d vector of %s stamped %s (wrong length for that model); "
+                            "it is embedded again", len(blob) // 4, memory.id, memory.embed_model)
+                memory, blob = replace(memory, embed_model=None), None
+            settled[0].append(memory)
+            settled[1].append(blob)
+        return settled
+
+    def _model_widths(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]) -> dict[str, int]:
+        """The one vector length each model stamped on the import may have; a model with no single length is left
+        out (its vectors are all dropped)."""
+        seen: dict[str, set[int]] = {}
+        for memory, blob in zip(memories, blobs):
+            if blob is not None and memory.embed_model:
+                seen.setdefault(memory.embed_model, set()).add(len(blob) // 4)
+        configured = self.embedder.model if self.embedder is not None else None
+        if configured in seen:
+            try:
+                return {**self._stored_widths(owner, seen.keys() - {configured}, seen),
+                        configured: self.embedder.dimensions}  # type: ignore[union-attr, dict-item]
+            except EmbedderUnavailable:
+                pass  # its length cannot be asked now: hold its vectors to the consistency rule
+        return self._stored_widths(owner, set(seen), seen)
+
+    def _stored_widths(self, owner: Owner, models: Iterable[str], seen: dict[str, set[int]]) -> dict[str, int]:
+        wanted = set(models)
+        widths = {m: set(seen[m]) for m in wanted}
+        if wanted:
+            for memory, blob in self.store.iter_memories(owner, None):
+                if blob is not None and memory.embed_model in wanted:
+                    widths[memory.embed_model].add(len(blob) // 4)
+        return {model: next(iter(found)) for model, found in widths.items() if len(found) == 1}
 
     def _embed_imported(self, memories: list[Memory], blobs: list[bytes | None]
                         ) -> tuple[list[Memory], list[bytes | None]]:
@@ -511,16 +617,23 @@ class Shelf:
         self.sources.confidence(source)
         return source  # type: ignore[return-value]
 
-    def _memory_from_record(self, record: Mapping[str, Any]) -> tuple[Memory, bytes | None]:
-        self._known_source(record["source"])
-        blob = base64.b64decode(record["embedding"], validate=True) if record.get("embedding") else None
-        if blob is not None and (len(blob) % 4 or not record.get("embed_model")):
-            raise InvalidInput("embedding must be base64 float32 with its embed_model")
-        memory = Memory(id=self._check_id(record["id"]), topic=check_topic(record["topic"]),
-                        content=check_text("content", record["content"]), source=record["source"],
-                        confidence=float(record["confidence"]), created_at=_when(record["created_at"]),
-                        expires_at=_when(record.get("expires_at")), last_seen=_when(record.get("last_seen")),
-                        observations=int(record.get("observations", 1)), embed_model=record.get("embed_model"))
+    def _memory_from_record(self, record: Mapping[str, Any], now: datetime) -> tuple[Memory, bytes | None]:
+        source = _field(record, "source", self._known_source)
+        created = _field(record, "created_at", _past(now))
+        last_seen = _optional(record, "last_seen", _past(now)) or created
+        if last_seen < created:
+            raise InvalidInput("field 'last_seen' is before created_at: a memory is seen again only after it is made")
+        blob = _optional(record, "embedding", _vector_blob)
+        model = _optional(record, "embed_model", lambda v: check_text("embed_model", v, MAX_TOPIC_CHARS))
+        if blob is not None and model is None:
+            raise InvalidInput("field 'embedding' has no embed_model: a vector needs the name of the model that made "
+                               "it (or drop the embedding and the memory is embedded again)")
+        memory = Memory(id=_field(record, "id", _record_id("m")), topic=_field(record, "topic", check_topic),
+                        content=_field(record, "content", lambda v: check_text("content", v)), source=source,
+                        confidence=self.sources.confidence(source), created_at=created,
+                        expires_at=_optional(record, "expires_at", _future(now)), last_seen=last_seen,
+                        observations=_optional(record, "observations", _observations) or 1,
+                        embed_model=model if blob is not None else None)
         return memory, blob
 
     # ---------------------------------------------------------------- API keys (for `memshelf serve`)
@@ -561,16 +674,112 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat(timespec="microseconds")
 
 
-@overload
-def _when(text: str) -> datetime: ...
-@overload
-def _when(text: object) -> datetime | None: ...
-def _when(text: object) -> datetime | None:
-    if text is None:
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_CLOCK_SKEW = timedelta(minutes=5)
+"""How far in the future an imported record's time may be (clocks of two machines disagree a little)."""
+MAX_OBSERVATIONS = 2**31 - 1
+
+
+class _Imported:
+    """The records of one import, checked, waiting to be written together."""
+
+    def __init__(self) -> None:
+        self.memories: list[Memory] = []
+        self.blobs: list[bytes | None] = []
+        self.facts: list[Fact] = []
+        self.changes: list[FactChange] = []
+        self.messages: list[Message] = []
+
+
+_T = TypeVar("_T")
+
+
+def _field(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) -> _T:
+    """A required field of an import record, checked; errors name the field."""
+    value = _optional(record, name, check)
+    if value is None:
+        raise InvalidInput(f"field {name!r} is missing")
+    return value
+
+
+def _optional(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) -> _T | None:
+    value = record.get(name)
+    if value is None:
         return None
-    if not isinstance(text, str):
-        raise InvalidInput(f"timestamps must be ISO 8601 strings, got {type(text).__name__}")
-    return check_when("timestamp", datetime.fromisoformat(text))
+    try:
+        return check(value)
+    except InvalidInput as exc:
+        raise type(exc)(f"field {name!r}: {exc}") from exc
+
+
+def _record_id(kind: str) -> Callable[[object], str]:
+    def check(value: object) -> str:
+        if not is_id(kind, value):
+            raise InvalidInput(f"not an id memshelf makes (like {new_id(kind)})")
+        return value  # type: ignore[return-value]
+    return check
+
+
+def _time(value: object) -> datetime:
+    if not isinstance(value, str):
+        raise InvalidInput(f"must be an ISO 8601 time string, got {type(value).__name__}")
+    try:
+        when = datetime.fromisoformat(value)
+        return check_when("the time", when)
+    except (ValueError, OverflowError) as exc:
+        raise InvalidInput(f"{value[:40]!r} is not an ISO 8601 time with an offset, e.g. "
+                           "2026-01-01T12:00:00+00:00") from exc
+
+
+def _past(now: datetime) -> Callable[[object], datetime]:
+    """A record's creation or change time: from 1970 up to now (plus a small clock skew)."""
+    def check(value: object) -> datetime:
+        when = _time(value)
+        if not EARLIEST <= when <= now + MAX_CLOCK_SKEW:
+            raise InvalidInput(f"{when.isoformat()} is not between 1970 and now ({now.isoformat()}): "
+                               "a record cannot be made before 1970 or in the future")
+        return when
+    return check
+
+
+def _future(now: datetime) -> Callable[[object], datetime | None]:
+    """A record's expiry: the same rules as remember's expires_at (so never one that has already passed)."""
+    return lambda value: resolve_expiry(_time(value), None, now)
+
+
+def _observations(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OBSERVATIONS:
+        raise InvalidInput(f"must be a whole number from 1 to {MAX_OBSERVATIONS:,}")
+    return value
+
+
+def _vector_blob(value: object) -> bytes:
+    """A base64 float32 vector of finite numbers."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"must be base64 text, got {type(value).__name__}")
+    try:
+        blob = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput("is not valid base64") from exc
+    if not blob or len(blob) % 4:
+        raise InvalidInput("must hold float32 numbers (a multiple of 4 bytes)")
+    if not np.all(np.isfinite(np.frombuffer(blob, dtype="<f4"))):
+        raise InvalidInput("contains NaN or infinity: re-export it, or drop embedding and embed_model so the "
+                           "memory is embedded again")
+    return blob
+
+
+def _unseen(wanted: Sequence[FactChange], present: Sequence[FactChange]) -> list[FactChange]:
+    """The fact changes the owner lacks (a multiset difference, in order): a change is its (key, value, source,
+    set_at), and history has no ids, so importing the same export twice must not add them twice."""
+    have = Counter(present)
+    missing = []
+    for change in wanted:
+        if have[change]:
+            have[change] -= 1
+        else:
+            missing.append(change)
+    return missing
 
 
 def _memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:

@@ -3,6 +3,7 @@ a store only keeps rows and finds them, always inside the owner's scope."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
@@ -34,6 +35,13 @@ class Observation:
     replace_vector: bool
 
 
+def digest(topic: str, content: str) -> str:
+    """Identity of a memory's text within an owner, for dedup: (topic, content) with surrounding whitespace
+    stripped and every run of whitespace made one space, so "The sky is blue." and "The sky is blue. " are one
+    memory. The text itself is stored as given (the first one wins)."""
+    return hashlib.sha256(f"{' '.join(topic.split())}\x00{' '.join(content.split())}".encode()).hexdigest()
+
+
 CONTEXT_TURNS = 2
 """How many earlier memories of the same owner and topic make a memory's conversation context: words the hybrid
 search also ranks it by (BENCHMARKS.md, LoCoMo)."""
@@ -51,6 +59,15 @@ def observe_again(old: Memory, item: NewMemory, now: datetime) -> Observation:
         expires = max(old.expires_at, item.expires_at)
     return Observation(item.source if stronger else old.source, max(item.confidence, old.confidence), expires,
                        item.vector is not None and old.embed_model != item.embed_model)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a page of an owner's memories or messages ended: its last record's created_at and id. Pages are
+    ordered newest first by (created_at, the backend's row key); the id finds that key within the owner."""
+
+    created_at: datetime
+    id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +154,11 @@ class Store(ABC):
     def delete_memory(self, owner: Owner, memory_id: str) -> bool: ...
 
     @abstractmethod
-    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
-        """Live memories newest first, each with its backend key; `before` is the key the last page ended on."""
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
+        """Live memories newest first (created_at, then row key), starting after `after` (None: the newest).
+
+        If the record `after` names is gone, the page starts after its instant's newer rows only: records created
+        in that same instant may be listed again, never skipped."""
 
     @abstractmethod
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
@@ -175,7 +195,11 @@ class Store(ABC):
 
     # facts
     @abstractmethod
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact: ...
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
+        """Add the value to the fact's history, and make it current unless the fact has a current value whose
+        source it may not replace (`replaces(current_source)` is False). Returns the current fact afterwards,
+        with `outranked` set when the value given was kept in history only."""
 
     @abstractmethod
     def facts(self, owner: Owner) -> list[Fact]:
@@ -196,14 +220,14 @@ class Store(ABC):
     def add_message(self, owner: Owner, message: Message) -> Message: ...
 
     @abstractmethod
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime | None) -> list[tuple[int, Message]]:
-        """Messages of a thread (all threads when None) newest first, each with its backend key; `before` is the
-        key the last page ended on. Only the live ones at `now`; every one when `now` is None."""
+    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
+                      now: datetime | None) -> list[Message]:
+        """Messages of a thread (all threads when None) newest first (created_at, then row key), starting after
+        `after` as page_memories does. Only the live ones at `now`; every one when `now` is None."""
 
     def messages(self, owner: Owner, thread: str | None, limit: int, now: datetime | None) -> list[Message]:
         """The newest `limit` messages of a thread (all threads when None), returned oldest first."""
-        return [m for _, m in reversed(self.page_messages(owner, thread, None, limit, now))]
+        return list(reversed(self.page_messages(owner, thread, None, limit, now)))
 
     @abstractmethod
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int: ...
@@ -236,6 +260,10 @@ class Store(ABC):
 
     @abstractmethod
     def revoke_key(self, key_id: str, now: datetime) -> bool: ...
+
+    @abstractmethod
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        """Revoke every live key of the tenant (erasing a tenant); returns how many."""
 
     @abstractmethod
     def owners(self) -> list[Owner]:

@@ -71,7 +71,7 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, UTC
 from typing import Any, overload
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import psycopg
@@ -84,8 +84,9 @@ from psycopg_pool import ConnectionPool
 from ..errors import DimensionMismatch, MemshelfError, StoreError, StoreUnavailable
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
-from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS
+from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
+                   register_store)
+from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from .postgres_upkeep import Pair, Upkeep, scrub_settings
 
 EXACT_MAX_ROWS = 20_000
@@ -110,11 +111,6 @@ CONTEXT_WEIGHT = 0.5
 """ts_rank weight of a memory's conversation context, against 1.0 for its own words (SQLite's ranking also counts
 a memory's own words about twice its neighbours')."""
 """Rows per round trip when iterating an owner's memories."""
-
-
-def digest(topic: str, content: str) -> str:
-    """Identity of a memory's text within an owner (same rule as SQLite)."""
-    return hashlib.sha256(f"{topic}\x00{content}".encode()).hexdigest()
 
 
 def tsquery_text(terms: Sequence[str]) -> str:
@@ -343,6 +339,8 @@ class PostgresStore(Store):
                         if conn.execute("SELECT 1 FROM memshelf_migrations WHERE name = %s", (name,)).fetchone():
                             continue
                         conn.execute(script)  # type: ignore[arg-type]  # our own constant, several statements
+                        if name == WHITESPACE_DIGESTS:
+                            _redigest(conn)
                         conn.execute("INSERT INTO memshelf_migrations (name) VALUES (%s)", (name,))
                 self._indexes = {r[0] for r in conn.execute(_VALID_INDEXES + " AND (c.relname LIKE 'memories_hnsw_%%'"
                                                              " OR c.relname LIKE 'memories_exact_%%')")}
@@ -615,13 +613,14 @@ class PostgresStore(Store):
             f"   AND n.topic = g.topic AND n.pk > g.pk ORDER BY n.pk LIMIT {CONTEXT_TURNS}) n)",
             (tenants, users, topics, pks))
 
-    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
+        bound, anchor = _page_bound("memories", owner, after)
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE {_OWNER} AND m.pk < %s AND {_LIVE}"
-                " ORDER BY m.pk DESC LIMIT %s",
-                (owner.tenant, owner.user, before if before is not None else 2**62, now, limit)).fetchall()
-        return [(r[10], _memory(r)) for r in rows]
+                f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
+                " ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
+                (owner.tenant, owner.user, *anchor, now, limit)).fetchall()
+        return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         """Pages of PAGE rows by key, each page in its own short transaction, so a slow consumer holds nothing."""
@@ -743,13 +742,24 @@ class PostgresStore(Store):
                             [(Blob(blob), model, key) for key, blob in rows])
 
     # ------------------------------------------------------------ facts
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact:
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
+        """Insert the fact, or lock its current row and replace it only if `replaces` allows, so two concurrent
+        writers cannot both decide against a value neither of them saw."""
         with self._tenant(owner.tenant) as cur:
-            cur.execute("INSERT INTO facts VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, user_id, key)"
-                        " DO UPDATE SET value = excluded.value, source = excluded.source,"
-                        " updated_at = excluded.updated_at", (owner.tenant, owner.user, key, value, source, now))
             cur.execute("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
                         " VALUES (%s, %s, %s, %s, %s, %s)", (owner.tenant, owner.user, key, value, source, now))
+            cur.execute("INSERT INTO facts VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (owner.tenant, owner.user, key, value, source, now))
+            if cur.rowcount:
+                return Fact(key, value, source, now)
+            row = cur.execute("SELECT value, source, updated_at FROM facts WHERE tenant = %s AND user_id = %s"
+                              " AND key = %s FOR UPDATE", (owner.tenant, owner.user, key)).fetchone()
+            if row is not None and not replaces(row[1]):
+                return Fact(key, row[0], row[1], _utc(row[2]), outranked=FactChange(key, value, source, now))
+            cur.execute("UPDATE facts SET value = %s, source = %s, updated_at = %s"
+                        " WHERE tenant = %s AND user_id = %s AND key = %s",
+                        (value, source, now, owner.tenant, owner.user, key))
         return Fact(key, value, source, now)
 
     def facts(self, owner: Owner) -> list[Fact]:
@@ -800,11 +810,12 @@ class PostgresStore(Store):
                          message.created_at, message.expires_at))
         return message
 
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime | None) -> list[tuple[int, Message]]:
-        query = ("SELECT pk, id, thread, role, content, created_at, expires_at FROM messages"
-                 " WHERE tenant = %s AND user_id = %s AND pk < %s")
-        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before)
+    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
+                      now: datetime | None) -> list[Message]:
+        bound, anchor = _page_bound("messages", owner, after)
+        query = ("SELECT id, thread, role, content, created_at, expires_at FROM messages m"
+                 f" WHERE tenant = %s AND user_id = %s{bound}")
+        params: tuple = (owner.tenant, owner.user, *anchor)
         if thread is not None:
             query += " AND thread = %s"
             params += (thread,)
@@ -812,8 +823,9 @@ class PostgresStore(Store):
             query += " AND (expires_at IS NULL OR expires_at > %s)"
             params += (now,)
         with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(query + " ORDER BY pk DESC LIMIT %s", params + (min(limit, 2**62),)).fetchall()
-        return [(r[0], Message(r[1], r[2], r[3], r[4], _utc(r[5]), _utc(r[6]))) for r in rows]
+            rows = cur.execute(query + " ORDER BY created_at DESC, pk DESC LIMIT %s",
+                               params + (min(limit, 2**62),)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5])) for r in rows]
 
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
         added = 0
@@ -904,6 +916,11 @@ class PostgresStore(Store):
             cur.execute("UPDATE api_keys SET revoked_at = %s WHERE id = %s AND revoked_at IS NULL", (now, key_id))
             return cur.rowcount > 0
 
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        with self._admin() as cur:
+            cur.execute("UPDATE api_keys SET revoked_at = %s WHERE tenant = %s AND revoked_at IS NULL", (now, tenant))
+            return cur.rowcount
+
     def owners(self) -> list[Owner]:
         with self._admin() as cur:
             rows = cur.execute("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"
@@ -916,6 +933,31 @@ class PostgresStore(Store):
             row = cur.execute("SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM facts),"
                               " (SELECT count(*) FROM messages)").fetchone()
         return {"memories": row[0], "facts": row[1], "messages": row[2]}
+
+
+def _page_bound(table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
+    """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or the
+    same instant and a lower row key than the record `after` names (every row of that instant if it is gone)."""
+    if after is None:
+        return "", ()
+    return (f" AND (m.created_at < %s OR (m.created_at = %s AND m.pk < coalesce((SELECT a.pk FROM {table} a"
+            " WHERE a.tenant = %s AND a.user_id = %s AND a.id = %s), 9223372036854775807)))",
+            (after.created_at, after.created_at, owner.tenant, owner.user, after.id))
+
+
+def _redigest(conn: psycopg.Connection) -> None:
+    """Recompute every memory's digest with whitespace normalised (stores.base.digest), oldest first, as the admin
+    role (row-level security hides every row from a login role that is not a superuser). When two rows of an owner
+    now share a digest, the older takes it and the newer keeps its old one: both stay, nothing is merged."""
+    conn.execute(f"SET LOCAL ROLE {ADMIN_ROLE}")
+    with conn.cursor(name="memshelf_redigest") as rows:
+        rows.execute("SELECT pk, tenant, user_id, topic, content, digest FROM memories ORDER BY pk")
+        changed = [(new, pk, tenant, user) for pk, tenant, user, topic, content, old in rows
+                   if (new := digest(topic, content)) != old]
+    for new, pk, tenant, user in changed:
+        conn.execute("UPDATE memories SET digest = %s WHERE pk = %s AND NOT EXISTS (SELECT 1 FROM memories"
+                     " WHERE tenant = %s AND user_id = %s AND digest = %s)", (new, pk, tenant, user, new))
+    conn.execute("RESET ROLE")
 
 
 register_store("postgresql", PostgresStore)

@@ -10,6 +10,9 @@ four words and `foo_bar` two, as in FTS5; PostgreSQL's parser alone would keep h
 
 from __future__ import annotations
 
+WHITESPACE_DIGESTS = "m007_whitespace_digests"
+"""The migration after whose SQL stores/postgres.py recomputes every digest (stores.base.digest), in Python."""
+
 MIGRATION_LOCK = 7_406_931_214_886_052_101
 """Key of the advisory lock held while migrating (any constant unlikely to collide with an application's)."""
 
@@ -180,5 +183,15 @@ CREATE TABLE memshelf_scrub (
 );
 GRANT INSERT ON memshelf_scrub TO {APP_ROLE}, {ADMIN_ROLE};
 GRANT USAGE ON SEQUENCE memshelf_scrub_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
+"""),
+    # Dedup ignores surrounding whitespace and runs of whitespace (stores.base.digest): every digest is recomputed
+    # after this script, oldest row first. If two existing rows of an owner now share a digest, the older one takes
+    # it and the newer keeps its old digest: both stay as they are (nothing merged); a new repeat counts on the older.
+    (WHITESPACE_DIGESTS, "SELECT 1;"),
+    # Pages are ordered newest first by (created_at, pk), with opaque cursors naming the last record's instant and
+    # id (Shelf.list_messages); these keep that order an index walk.
+    ("m008_message_pages_by_time", """
+CREATE INDEX messages_owner_created ON messages (tenant, user_id, created_at, pk);
+CREATE INDEX messages_thread_created ON messages (tenant, user_id, thread, created_at, pk);
 """),
 ]

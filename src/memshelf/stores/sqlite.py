@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
 import numpy as np
@@ -19,9 +19,10 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Scored, Store, observe_again, register_store
+from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
+                   register_store)
 from .sqlite_fts import TenantIndexes
-from .sqlite_schema import MIGRATIONS
+from .sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
 log = logging.getLogger("memshelf")
 
@@ -48,11 +49,6 @@ def parse_ts(value: str) -> datetime: ...
 def parse_ts(value: None) -> None: ...
 def parse_ts(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)  # reads the "...Z" form (Python >= 3.11)
-
-
-def digest(topic: str, content: str) -> str:
-    """Identity of a memory's text within an owner: identical (topic, content) is stored once."""
-    return hashlib.sha256(f"{topic}\x00{content}".encode()).hexdigest()
 
 
 _MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
@@ -275,6 +271,8 @@ class SQLiteStore(Store):
         elif name == "m005_fts_reindex":  # undo the double entries and the piled-up levels of older versions
             for (tenant,) in self._q("SELECT tenant FROM fts_tenants").fetchall():
                 self._fts.rebuild(tenant)
+        elif name == WHITESPACE_DIGESTS:
+            _redigest(self._connection())
 
     def applied_migrations(self) -> list[str]:
         return [r[0] for r in self._q("SELECT name FROM memshelf_migrations ORDER BY name")]
@@ -390,11 +388,12 @@ class SQLiteStore(Store):
             self._scrub(touched)
         return deleted > 0
 
-    def page_memories(self, owner: Owner, before: int | None, limit: int, now: datetime) -> list[tuple[int, Memory]]:
-        rows = self._q(f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
-                       " AND m.pk < ? AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.pk DESC LIMIT ?",
-                       (owner.tenant, owner.user, before if before is not None else 2**62, ts(now), limit)).fetchall()
-        return [(r[10], _memory(r)) for r in rows]
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
+        bound, params = _page_bound("memories", owner, after)
+        rows = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
+                       " AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
+                       (owner.tenant, owner.user, *params, ts(now), limit)).fetchall()
+        return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         sql = (f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
@@ -515,12 +514,17 @@ class SQLiteStore(Store):
                 self._q("UPDATE memories SET embedding = ?, embed_model = ? WHERE pk = ?", (blob, model, key))
 
     # facts
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime) -> Fact:
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
         with self.atomic():
+            self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (owner.tenant, owner.user, key, value, source, ts(now)))
+            row = self._q("SELECT value, source, updated_at FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
+                          (owner.tenant, owner.user, key)).fetchone()
+            if row is not None and not replaces(row[1]):
+                return Fact(key, row[0], row[1], parse_ts(row[2]), outranked=FactChange(key, value, source, now))
             self._q("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id, key)"
                     " DO UPDATE SET value = excluded.value, source = excluded.source, updated_at = excluded.updated_at",
-                    (owner.tenant, owner.user, key, value, source, ts(now)))
-            self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
                     (owner.tenant, owner.user, key, value, source, ts(now)))
         return Fact(key, value, source, now)
 
@@ -570,19 +574,20 @@ class SQLiteStore(Store):
                      ts(message.created_at), ts(message.expires_at)))
         return message
 
-    def page_messages(self, owner: Owner, thread: str | None, before: int | None, limit: int,
-                      now: datetime | None) -> list[tuple[int, Message]]:
-        sql = "SELECT pk, id, thread, role, content, created_at, expires_at FROM messages" \
-              " WHERE tenant = ? AND user_id = ? AND pk < ?"
-        params: tuple = (owner.tenant, owner.user, 2**62 if before is None else before)
+    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
+                      now: datetime | None) -> list[Message]:
+        bound, anchor = _page_bound("messages", owner, after)
+        sql = "SELECT id, thread, role, content, created_at, expires_at FROM messages m" \
+              f" WHERE tenant = ? AND user_id = ?{bound}"
+        params: tuple = (owner.tenant, owner.user, *anchor)
         if thread is not None:  # spelled out, not `? IS NULL OR ...`, so the thread index stays usable
             sql += " AND thread = ?"
             params += (thread,)
         if now is not None:
             sql += " AND (expires_at IS NULL OR expires_at > ?)"
             params += (ts(now),)
-        rows = self._q(sql + " ORDER BY pk DESC LIMIT ?", params + (limit,)).fetchall()
-        return [(r[0], Message(r[1], r[2], r[3], r[4], parse_ts(r[5]), parse_ts(r[6]))) for r in rows]
+        rows = self._q(sql + " ORDER BY created_at DESC, pk DESC LIMIT ?", params + (min(limit, 2**62),)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], parse_ts(r[4]), parse_ts(r[5])) for r in rows]
 
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
         added = 0
@@ -686,6 +691,12 @@ class SQLiteStore(Store):
             cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (ts(now), key_id))
         return cur.rowcount > 0
 
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        with self.atomic():
+            cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+                          (ts(now), tenant))
+        return cur.rowcount
+
     def owners(self) -> list[Owner]:
         rows = self._q("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"
                        " UNION SELECT tenant, user_id FROM fact_history UNION SELECT tenant, user_id FROM messages"
@@ -698,6 +709,31 @@ class SQLiteStore(Store):
             "facts": self._q("SELECT count(*) FROM facts").fetchone()[0],
             "messages": self._q("SELECT count(*) FROM messages").fetchone()[0],
         }
+
+
+def _page_bound(table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
+    """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or the
+    same instant and a lower row key than the record `after` names (every row of that instant if it is gone)."""
+    if after is None:
+        return "", ()
+    stamp = ts(after.created_at)
+    return (f" AND (m.created_at < ? OR (m.created_at = ? AND m.pk < coalesce((SELECT a.pk FROM {table} a"
+            " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 9223372036854775807)))",
+            (stamp, stamp, owner.tenant, owner.user, after.id))
+
+
+def _redigest(conn: sqlite3.Connection) -> None:
+    """Recompute every memory's digest with whitespace normalised, oldest first. When two rows of an owner now
+    share a digest, the older takes it and the newer keeps its old one: both stay, nothing is merged."""
+    after = 0
+    while rows := conn.execute("SELECT pk, tenant, user_id, topic, content, digest FROM memories WHERE pk > ?"
+                               " ORDER BY pk LIMIT 1000", (after,)).fetchall():
+        for pk, tenant, user, topic, content, old in rows:
+            new = digest(topic, content)
+            if new != old:
+                conn.execute("UPDATE memories SET digest = ? WHERE pk = ? AND NOT EXISTS (SELECT 1 FROM memories"
+                             " WHERE tenant = ? AND user_id = ? AND digest = ?)", (new, pk, tenant, user, new))
+        after = rows[-1][0]
 
 
 def _split_sql(script: str) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+WHITESPACE_DIGESTS = "m006_whitespace_digests"
+"""The migration after whose SQL stores/sqlite.py recomputes every digest (stores.base.digest), in Python."""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", """
 CREATE TABLE memories (
@@ -172,5 +175,17 @@ CREATE TABLE fts_tenants (
 -- added levels to the index until FTS5 read it as corrupt. merges counts the full merges since the last rebuild,
 -- so that a rebuild comes before too many of them (stores/sqlite_fts.py, REBUILD_EVERY).
 ALTER TABLE fts_tenants ADD COLUMN merges INTEGER NOT NULL DEFAULT 0;
+"""),
+    (WHITESPACE_DIGESTS, """
+-- Dedup ignores surrounding whitespace and runs of whitespace (stores.base.digest): every digest is recomputed
+-- after this script, oldest row first. If two existing rows of an owner now share a digest, the older one takes it
+-- and the newer keeps its old digest: both stay as they are (nothing merged), and a new repeat counts on the older.
+SELECT 1;
+"""),
+    ("m007_message_pages_by_time", """
+-- Pages of messages are ordered newest first by (created_at, row key), with opaque cursors naming the last
+-- record's instant and id (Shelf.list_messages); these keep that order an index walk.
+CREATE INDEX messages_owner_created ON messages (tenant, user_id, created_at);
+CREATE INDEX messages_thread_created ON messages (tenant, user_id, thread, created_at);
 """),
 ]
