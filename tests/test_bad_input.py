@@ -406,16 +406,21 @@ def test_random_text_round_trips_or_is_invalid_input(shelf: Shelf, topic: str, c
 # ---------------------------------------------------------------- PostgreSQL pool size
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "1001", "1.5", "9" * 5000, "１０"],
                          ids=["text", "zero", "negative", "over", "fraction", "thousands-of-digits", "fullwidth"])
-def test_a_bad_pool_size_variable_is_a_config_error(pg_url: str, monkeypatch: pytest.MonkeyPatch,
-                                                    value: str) -> None:
+def test_a_bad_pool_size_variable_is_a_config_error(pg_server, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    import psycopg
+
     from memshelf.stores.postgres import PostgresStore
 
+    empty = pg_server.empty_database()
     monkeypatch.setenv("MEMSHELF_PG_POOL_SIZE", value)
     with pytest.raises(ConfigError, match="MEMSHELF_PG_POOL_SIZE must be a whole number of connections from 1 to "
                                           "1,000.*set it to e.g. 10"):
-        Shelf.open(pg_url, embedder=None)
+        Shelf.open(empty, embedder=None)
     with pytest.raises(ConfigError, match="MEMSHELF_PG_POOL_SIZE"):
-        PostgresStore(pg_url)
+        PostgresStore(empty)
+    with psycopg.connect(empty) as conn:  # refused before the migrations: not even their table exists
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+    pg_server.drop(empty)
 
 
 def test_a_good_pool_size_is_used_and_a_bad_argument_refused(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
