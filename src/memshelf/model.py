@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
@@ -20,6 +19,12 @@ MAX_ID_CHARS = 200
 MAX_FACT_KEY_CHARS = 200
 MAX_FACT_VALUE_CHARS = 4_000
 
+MAX_TTL = timedelta(days=100 * 365)
+"""Longest ttl accepted (about 100 years). For a record that should never expire, pass no ttl."""
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""Instants outside [EARLIEST, LATEST] are refused: they overflow date arithmetic or do not sort as stored text."""
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -36,6 +41,18 @@ def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> st
         raise InvalidInput(f"{kind} is {len(value)} characters long; the limit is {limit}: use a shorter identifier")
     if _CONTROL.search(value):
         raise InvalidInput(f"{kind} contains control characters: use printable text")
+    return check_encodable(kind, value)
+
+
+def check_encodable(kind: str, value: str) -> str:
+    """The text itself, if it is valid Unicode: a lone surrogate ("\\ud800") cannot be stored or sent anywhere."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{kind} contains a lone surrogate {value[exc.start]!r} at position {exc.start}, which is not valid "
+            "Unicode: decode the input properly (e.g. bytes.decode('utf-8')) or remove that character"
+        ) from None
     return value
 
 
@@ -58,6 +75,9 @@ class Sources(Mapping[str, float]):
     """The declared sources and the confidence each one is worth."""
 
     def __init__(self, extra: Mapping[str, float] | None = None) -> None:
+        if extra is not None and not isinstance(extra, Mapping):
+            raise InvalidInput(f"sources must be a mapping of source name to worth, e.g. {{'sensor': 0.8}}, "
+                               f"got {type(extra).__name__}")
         table = dict(BUILTIN_SOURCES)
         for name, worth in (extra or {}).items():
             _check_identifier("source name", name, 64)
@@ -182,7 +202,7 @@ class NewMemory:
 
 def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:
     if not isinstance(value, str):
-        raise InvalidInput(f"{kind} must be a string, got {type(value).__name__}")
+        raise InvalidInput(f"{kind} must be a string, got {type(value).__name__}: pass the text itself (str)")
     if not value.strip():
         raise InvalidInput(f"{kind} is empty or only whitespace: pass the text to store")
     if len(value) > limit:
@@ -191,7 +211,7 @@ def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:
         )
     if "\x00" in value:
         raise InvalidInput(f"{kind} contains a NUL character: remove it before storing")
-    return value
+    return check_encodable(kind, value)
 
 
 def check_topic(topic: object) -> str:
@@ -207,7 +227,24 @@ def check_when(kind: str, value: object) -> datetime:
         raise InvalidInput(
             f"{kind} is a naive datetime: pass an aware one, e.g. datetime.now(timezone.utc) + timedelta(days=7)"
         )
+    if not EARLIEST <= value <= LATEST:  # compared before converting: astimezone overflows near years 1 and 9999
+        raise InvalidInput(f"{kind} {value.isoformat()} is out of range: pass an instant between "
+                           f"{EARLIEST.date()} and {LATEST.date()} (UTC)")
     return value.astimezone(UTC)
+
+
+def check_ttl(kind: str, ttl: object) -> timedelta:
+    """A time to live (seconds, or a timedelta) as a timedelta: more than 0 and at most MAX_TTL."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float, timedelta)):
+        raise InvalidInput(f"{kind} must be seconds (a number) or a timedelta, got {type(ttl).__name__}")
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if not seconds > 0:  # NaN too
+        raise InvalidInput(f"{kind} must be a positive number of seconds, got {ttl!r}: pass e.g. 86400 for a day, "
+                           "or no ttl for a record that never expires")
+    if seconds > MAX_TTL.total_seconds():  # a huge int is compared as it is: float() of it would overflow
+        raise InvalidInput(f"{kind} {ttl!r} is over the limit of {MAX_TTL.total_seconds():,.0f} seconds "
+                           f"({MAX_TTL.days:,} days): pass a shorter ttl, or no ttl for a record that never expires")
+    return timedelta(seconds=seconds)
 
 
 def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime | None:
@@ -215,12 +252,7 @@ def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime |
     if expires_at is not None and ttl is not None:
         raise InvalidInput("pass expires_at or ttl, not both")
     if ttl is not None:
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float, timedelta)):
-            raise InvalidInput(f"ttl must be seconds (a number) or a timedelta, got {type(ttl).__name__}")
-        seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise InvalidInput(f"ttl must be a positive number of seconds, got {ttl!r}")
-        return now + timedelta(seconds=seconds)
+        return now + check_ttl("ttl", ttl)
     if expires_at is not None:
         when = check_when("expires_at", expires_at)
         if when <= now:

@@ -21,7 +21,7 @@ import os
 from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Self, TypeVar
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import anyio
 from fastapi import Depends, FastAPI, Path, Query, Request, Response, Security
@@ -807,18 +807,49 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str |
           embedder: str | None = None, log_level: str | None = None, access_log: bool | None = None) -> None:
     """Run the HTTP server (blocks). With several workers each process opens its own Shelf on the same database
     (SQLite in WAL mode, or PostgreSQL). log_level and access_log default to MEMSHELF_LOG_LEVEL (info) and
-    MEMSHELF_ACCESS_LOG (1; 0 turns the per-request log lines off)."""
+    MEMSHELF_ACCESS_LOG (1; 0 turns the per-request log lines off). The caller's os.environ is left as it was."""
     import uvicorn
 
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
-    if db is not None:  # the workers are other processes: they learn the settings from the environment
-        os.environ.pop("MEMSHELF_DATABASE_URL", None)
-        os.environ["MEMSHELF_DATABASE_URL" if "://" in db else "MEMSHELF_DB"] = db
-    if embedder is not None:
-        os.environ["MEMSHELF_EMBEDDER"] = embedder
     level = log_level or os.environ.get("MEMSHELF_LOG_LEVEL", "info")
     if access_log is None:
         access_log = os.environ.get("MEMSHELF_ACCESS_LOG", "1").strip().lower() not in ("0", "false", "no", "off")
-    uvicorn.run("memshelf.server:app_from_env", factory=True, host=host, port=port, workers=workers,
-                log_level=level.lower(), access_log=access_log, proxy_headers=False)
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": level.lower(), "access_log": access_log,
+                               "proxy_headers": False}
+    if workers == 1:  # one process: the app is built here and given its settings directly
+        uvicorn.run(create_app(target=db, embedder=_UNSET if embedder is None else embedder), **options)
+        return
+    with _environ(_worker_settings(db, embedder)):  # other processes learn the settings from the environment
+        uvicorn.run("memshelf.server:app_from_env", factory=True, workers=workers, **options)
+
+
+def _worker_settings(db: str | None, embedder: str | None) -> dict[str, str | None]:
+    """The MEMSHELF_* variables that tell each worker process what serve() was told (None: unset it)."""
+    settings: dict[str, str | None] = {}
+    if db is not None:
+        url = "://" in db
+        settings |= {"MEMSHELF_DATABASE_URL": db if url else None, "MEMSHELF_DB": None if url else db}
+    if embedder is not None:
+        settings["MEMSHELF_EMBEDDER"] = embedder
+    return settings
+
+
+@contextlib.contextmanager
+def _environ(settings: dict[str, str | None]) -> Iterator[None]:
+    """os.environ with `settings` applied while the block runs, then exactly as it was before."""
+    saved = {name: os.environ.get(name) for name in settings}
+    try:
+        for name, value in settings.items():
+            _set_env(name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            _set_env(name, value)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

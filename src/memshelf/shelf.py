@@ -24,8 +24,8 @@ from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, Invalid
 from .ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
-                    Message, NewMemory, Owner, SearchResult, Sources, check_text, check_topic, check_when,
-                    resolve_expiry, utcnow)
+                    Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
+                    check_ttl, check_when, resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
 from .stores.base import ApiKey, Erased, Position, Store, open_store
 from .vectors import pack
@@ -44,6 +44,7 @@ DEFAULT_MESSAGE_TTL = timedelta(days=30)
 DEFAULT_DB = "memshelf.db"
 EXPORT_FORMAT = 1
 IMPORT_BATCH = 64
+MAX_BACKFILL_BATCH = 10_000
 
 
 def _check_owner(owner: object) -> Owner:
@@ -62,6 +63,59 @@ def _check_limit(limit: object, name: str = "limit") -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}")
     return limit
+
+
+def _check_records(kind: str, records: object) -> Iterable[Any]:
+    """A batch of records must be a list (or any iterable) of mappings; a lone mapping or a string is a mistake."""
+    if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Iterable):
+        raise InvalidInput(f"{kind} must be a list of mappings, got {type(records).__name__}: "
+                           f"pass e.g. [{{...}}, {{...}}]")
+    return records
+
+
+def _open_target(target: object) -> str:
+    """Where Shelf.open should look: an explicit target, else MEMSHELF_DATABASE_URL, MEMSHELF_DB, ./memshelf.db."""
+    if target is None:
+        target = os.environ.get("MEMSHELF_DATABASE_URL") or os.environ.get("MEMSHELF_DB") or DEFAULT_DB
+    if not isinstance(target, (str, os.PathLike)) or not isinstance(path := os.fspath(target), str):
+        raise ConfigError(f"target must be a file path or a URL such as postgresql://..., got "
+                          f"{type(target).__name__}: pass e.g. 'memshelf.db'")
+    if not path.strip():
+        raise ConfigError("target is empty: pass a file path such as 'memshelf.db' or a postgresql:// URL")
+    try:
+        return check_encodable("target", path)
+    except InvalidInput as exc:
+        raise ConfigError(f"{exc}; a path that is not valid UTF-8 cannot be opened: rename the file") from None
+
+
+def _open_floor(floor: object) -> float:
+    where = ""
+    if floor is None:
+        where = " (from MEMSHELF_FLOOR)"
+        try:
+            floor = float(os.environ.get("MEMSHELF_FLOOR", DEFAULT_FLOOR))
+        except ValueError as exc:
+            raise ConfigError(f"MEMSHELF_FLOOR must be a number such as 0.3: {exc}") from exc
+    try:
+        return _check_floor(floor)
+    except InvalidInput as exc:
+        raise ConfigError(f"{exc}{where}") from None
+
+
+def _open_message_ttl(message_ttl: object) -> timedelta | None:
+    if message_ttl is _DEFAULT:
+        return DEFAULT_MESSAGE_TTL
+    try:
+        return None if message_ttl is None else check_ttl("message_ttl", message_ttl)
+    except InvalidInput as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_backfill(batch_size: object, progress: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BACKFILL_BATCH:
+        raise InvalidInput(f"batch_size must be a whole number from 1 to {MAX_BACKFILL_BATCH:,}, got {batch_size!r}")
+    if progress is not None and not callable(progress):
+        raise InvalidInput(f"progress must be a function (done, total) or None, got {type(progress).__name__}")
 
 
 CURSOR_PREFIX = "c1."
@@ -131,24 +185,16 @@ class Shelf:
         default MEMSHELF_EMBEDDER, else the offline local model when installed.
         sources: extra provenance names and what each is worth, e.g. {"sensor": 0.8}.
         """
-        if target is None:
-            target = os.environ.get("MEMSHELF_DATABASE_URL") or os.environ.get("MEMSHELF_DB") or DEFAULT_DB
-        resolved = resolve_embedder(default_embedder_spec() if embedder is _DEFAULT else embedder)
-        if floor is None:
-            try:
-                floor = float(os.environ.get("MEMSHELF_FLOOR", DEFAULT_FLOOR))
-            except ValueError as exc:
-                raise ConfigError(f"MEMSHELF_FLOOR must be a number such as 0.3: {exc}") from exc
-        if not -1.0 <= floor <= 1.0:
-            raise ConfigError(f"floor must be a cosine between -1 and 1, got {floor}")
+        path = _open_target(target)  # every setting is checked before anything is opened or created
+        floor = _open_floor(floor)
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 100):
             raise ConfigError(f"budget must be a whole number of characters, at least 100, got {budget!r}")
-        ttl = DEFAULT_MESSAGE_TTL if message_ttl is _DEFAULT else message_ttl
-        if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
-            ttl = timedelta(seconds=ttl)
-        store = open_store(os.fspath(target))
-        return cls(store, embedder=resolved, sources=Sources(sources), floor=floor,
-                   budget=budget or ctx.DEFAULT_BUDGET_CHARS, message_ttl=ttl, clock=clock)  # type: ignore[arg-type]
+        ttl = _open_message_ttl(message_ttl)
+        declared = Sources(sources)
+        resolved = resolve_embedder(default_embedder_spec() if embedder is _DEFAULT else embedder)
+        store = open_store(path)
+        return cls(store, embedder=resolved, sources=declared, floor=floor,
+                   budget=budget or ctx.DEFAULT_BUDGET_CHARS, message_ttl=ttl, clock=clock)
 
     def close(self) -> None:
         self.store.close()
@@ -177,7 +223,7 @@ class Shelf:
         """
         owner = _check_owner(owner)
         now = self.now()
-        batch = [self._new_memory(item, now) for item in items]
+        batch = [self._new_memory(item, now) for item in _check_records("memories", items)]
         if not batch:
             return []
         self._embed_new(owner, batch)
@@ -290,7 +336,7 @@ class Shelf:
     def _check_id(memory_id: object) -> str:
         if not isinstance(memory_id, str) or not memory_id.strip() or len(memory_id) > 200:
             raise InvalidInput(f"memory id must be a non-empty string such as 'm_3f9c0a1b2d4e5f60', got {memory_id!r}")
-        return memory_id
+        return check_encodable("memory id", memory_id)
 
     # ---------------------------------------------------------------- retrieval
     def search(self, owner: Owner, question: str, *, mode: str = "auto", limit: int = 5,
@@ -356,6 +402,8 @@ class Shelf:
             raise InvalidInput(f"base_prompt must be a string, got {type(base_prompt).__name__}")
         if not isinstance(user_text, str):
             raise InvalidInput(f"user_text must be a string, got {type(user_text).__name__}")
+        check_encodable("base_prompt", base_prompt)
+        check_encodable("user_text", user_text)
         hits = self.search(owner, user_text, mode=mode, limit=limit) if user_text.strip() else []
         return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget, confirmed=self._confirmed_sources())
 
@@ -392,6 +440,7 @@ class Shelf:
         raise NotFound(f"no fact {key!r} for {owner}: list them with `memshelf facts`")
 
     def fact_history(self, owner: Owner, key: str | None = None) -> list[FactChange]:
+        key = None if key is None else check_text("fact key", key, MAX_FACT_KEY_CHARS)
         return self.store.fact_history(_check_owner(owner), key)
 
     def forget_fact(self, owner: Owner, key: str) -> None:
@@ -414,6 +463,7 @@ class Shelf:
 
     def messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50) -> list[Message]:
         """The newest `limit` messages of a thread (or of all threads), oldest first."""
+        thread = None if thread is None else check_text("thread", thread, MAX_TOPIC_CHARS)
         return self.store.messages(_check_owner(owner), thread, _check_limit(limit), self.now())
 
     def list_messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50,
@@ -423,6 +473,7 @@ class Shelf:
         owner = _check_owner(owner)
         after = _read_cursor(owner, "msg", cursor)
         limit = _check_limit(limit)
+        thread = None if thread is None else check_text("thread", thread, MAX_TOPIC_CHARS)
         page = self.store.page_messages(owner, thread, after, limit, self.now())
         return page, _next_cursor(owner, page, limit)
 
@@ -448,6 +499,7 @@ class Shelf:
         Each batch is committed on its own, so an interrupted backfill resumes where it stopped.
         Returns how many memories were embedded.
         """
+        _check_backfill(batch_size, progress)
         if self.embedder is None:
             raise ConfigError("backfill needs an embedder: open the shelf with embedder='local' (or ollama:/openai:)")
         model = self.embedder.model
@@ -497,7 +549,7 @@ class Shelf:
         owner = _check_owner(owner)
         now = self.now()
         batch = _Imported()
-        for number, record in enumerate(records, 1):
+        for number, record in enumerate(_check_records("records", records), 1):
             try:
                 self._read_record(record, batch, now)
             except RecursionError:
@@ -650,11 +702,13 @@ class Shelf:
 
     def authenticate(self, secret: str) -> ApiKey | None:
         """The live key for this secret, or None for a wrong or revoked one."""
-        if not isinstance(secret, str) or not secret.startswith("ms_") or len(secret) > 200:
+        if not isinstance(secret, str) or not secret.startswith("ms_") or len(secret) > 200 or not secret.isascii():
             return None
         return self.store.key_by_hash(_hash_secret(secret))
 
     def list_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        if tenant is not None:
+            Owner(tenant, "-")  # same validation as an owner's tenant
         return self.store.list_keys(tenant)
 
     def revoke_key(self, key_id: str) -> None:

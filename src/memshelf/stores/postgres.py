@@ -60,7 +60,7 @@ later (default 60), off the request path: VACUUM, REINDEX TABLE CONCURRENTLY and
 vacuum, the default), or VACUUM FULL (=full), or only when `scrub()` is called (=off); `scrub()` does it now.
 What stays where afterwards, WAL included, is in the README ("Erasure on PostgreSQL").
 
-Pool size: MEMSHELF_PG_POOL_SIZE (default 10) connections per store.
+Pool size: MEMSHELF_PG_POOL_SIZE (default 10, at most 1,000) connections per store.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ from psycopg.pq import Format
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from ..errors import DimensionMismatch, MemshelfError, StoreError, StoreUnavailable
+from ..errors import ConfigError, DimensionMismatch, MemshelfError, StoreError, StoreUnavailable
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
@@ -295,6 +295,25 @@ def _redact(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
+MAX_POOL_SIZE = 1_000
+
+
+def pool_size_setting(explicit: int | None) -> int:
+    """Connections per store: the pool_size argument, else MEMSHELF_PG_POOL_SIZE, else 10."""
+    given: object
+    if explicit is None:
+        given = os.environ.get("MEMSHELF_PG_POOL_SIZE", "").strip() or "10"
+        digits = given.isascii() and given.isdigit() and len(given) < 10  # int() of thousands of digits raises
+        where, size = "MEMSHELF_PG_POOL_SIZE", int(given) if digits else 0
+    else:
+        given = explicit
+        where, size = "pool_size", explicit if isinstance(explicit, int) and not isinstance(explicit, bool) else 0
+    if not 1 <= size <= MAX_POOL_SIZE:
+        raise ConfigError(f"{where} must be a whole number of connections from 1 to {MAX_POOL_SIZE:,}, "
+                          f"got {given!r}: set it to e.g. 10")
+    return size
+
+
 class PostgresStore(Store):
     """A pool of connections; inside atomic() one connection is bound to the current thread."""
 
@@ -305,11 +324,11 @@ class PostgresStore(Store):
         self._local = threading.local()
         self._indexes: set[str] = set()  # vector indexes seen valid
         self._served: set[Pair] = set()  # pairs whose indexes this store has asked for
-        size = pool_size or int(os.environ.get("MEMSHELF_PG_POOL_SIZE", "10"))
+        size = pool_size_setting(pool_size)
         mode, delay = scrub_settings()
         self._upkeep = Upkeep(self._connect, index_statements, mode=mode, delay=delay)
         scrub_pending = self._migrate()
-        self._pool = ConnectionPool(url, min_size=1, max_size=max(1, size), open=False,
+        self._pool = ConnectionPool(url, min_size=1, max_size=size, open=False,
                                     kwargs={"autocommit": True}, configure=self._configure,
                                     name="memshelf")
         try:
