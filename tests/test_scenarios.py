@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -212,7 +212,7 @@ class McpFace:
     prompt = None
 
     def __init__(self, portal: BlockingPortal, session: Any, erase: Callable[[], None]) -> None:
-        self.portal, self.session, self.erase_user = portal, session, erase  # type: ignore[method-assign]
+        self.portal, self.session, self.erase = portal, session, erase
 
     def _call(self, tool: str, **arguments: Any) -> Any:
         result = self.portal.call(self.session.call_tool, tool, arguments)
@@ -238,8 +238,8 @@ class McpFace:
     def forget(self, memory_id: str) -> None:
         self._call("forget", memory_id=memory_id)
 
-    def erase_user(self) -> None:  # replaced per instance
-        raise NotImplementedError
+    def erase_user(self) -> None:
+        self.erase()
 
 
 # ---------------------------------------------------------------------------------------------- servers
@@ -278,8 +278,6 @@ def mcp_http_face(stack: ExitStack, target: str, embedder: Any) -> McpFace:
 def mcp_stdio_face(stack: ExitStack, target: str, embedder: str) -> McpFace:
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
-
-    from contextlib import asynccontextmanager
 
     args = ["-m", "memshelf.mcp", "--db", target, "--tenant", TENANT, "--user", USER, "--embedder", embedder]
 
