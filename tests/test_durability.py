@@ -176,8 +176,6 @@ def test_file_and_index_are_intact_and_usable_after_sigkill(killed: tuple[Path, 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 9: the first memory of a tenant is indexed twice (creating the "
-                                       "tenant's tables back-fills the row that is then inserted again)")
 def test_full_text_index_matches_its_rows_after_sigkill(killed: tuple[Path, Acknowledged]) -> None:
     """rank 1: every row of the content table is in the index once, and nothing else is. The content table holds
     every tenant's rows, so this check is exact only in a file with one tenant, as here."""

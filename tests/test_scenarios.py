@@ -300,22 +300,16 @@ def mcp_stdio_face(stack: ExitStack, target: str, embedder: str) -> McpFace:
 
 # ---------------------------------------------------------------------------------------------- the matrix
 
-EMPTY_THEN_REMEMBER = pytest.mark.xfail(
-    strict=True, reason="issue 9: on SQLite a search on an empty memory, then remember, then search raises "
-                        "numpy's 'could not broadcast input array from shape (0,0)'")
-
 KEYWORD_ONLY = "none"
 WITH_MODEL = "local"
 
 
 def cases(face: str, embedders: tuple[str, ...], *, slow: bool = False) -> list[Any]:
-    """(face, backend, embedder) on both backends; SQLite with the model is the crash issue 9 reports."""
+    """(face, backend, embedder) on both backends; SQLite with the model is where issue 9's first-loop crash was."""
     params = []
     for backend in ("sqlite", "postgres"):
         for embedder in embedders:
             marks = [pytest.mark.slow] if slow or embedder == WITH_MODEL else []
-            if backend == "sqlite" and embedder == WITH_MODEL:
-                marks.append(EMPTY_THEN_REMEMBER)
             params.append(pytest.param(face, backend, embedder, marks=marks, id=f"{face}-{backend}-{embedder}"))
     return params
 
