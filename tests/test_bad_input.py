@@ -229,12 +229,12 @@ CASES: list[tuple[str, Call, type[MemshelfError], str]] = [
     ("import-one-mapping", lambda s, _: s.import_(KALEB, {"kind": "memshelf-export", "format": 1}), InvalidInput,
      "must be a list of mappings, got dict"),
     ("import-text", lambda s, _: s.import_(KALEB, "{}"), InvalidInput, "must be a list of mappings, got str"),
-    ("import-none-record", lambda s, _: s.import_(KALEB, [None]), InvalidInput, "record 1 is malformed"),
+    ("import-none-record", lambda s, _: s.import_(KALEB, [None]), InvalidInput, "record 1: it is a NoneType, not a JSON object"),
     ("import-surrogate-fact", lambda s, _: s.import_(KALEB, [
         {"kind": "fact", "key": "k", "value": LONE, "source": "stated", "updated_at": "2026-01-01T00:00:00+00:00"}]),
      InvalidInput, SURROGATE_FIX),
     ("import-message-year-1", lambda s, _: s.import_(KALEB, [
-        {"kind": "message", "id": "msg_1", "thread": "t", "role": "user", "content": "hi",
+        {"kind": "message", "id": "msg_0123456789abcdef", "thread": "t", "role": "user", "content": "hi",
          "created_at": "0001-01-01T01:00:00+05:00"}]), InvalidInput, "out of range"),
     # API keys
     ("key-tenant-surrogate", lambda s, _: s.create_key(LONE), InvalidInput, SURROGATE_FIX),
@@ -488,7 +488,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
 
 
 FACT_RECORD = {"kind": "fact", "key": "k", "value": "v", "source": "stated", "updated_at": "2026-01-01T00:00:00+00:00"}
-MESSAGE_RECORD = {"kind": "message", "id": "msg_1", "thread": "t", "role": "user", "content": "hi",
+MESSAGE_RECORD = {"kind": "message", "id": "msg_0123456789abcdef", "thread": "t", "role": "user", "content": "hi",
                   "created_at": "2026-01-01T00:00:00+00:00"}
 HTTP_CASES = [  # each was a 500 before: an OverflowError or a UnicodeEncodeError escaped the Shelf
     ("expires-year-1-east", "/v1/users/u/memories",

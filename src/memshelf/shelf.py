@@ -779,10 +779,10 @@ def _time(value: object) -> datetime:
         raise InvalidInput(f"must be an ISO 8601 time string, got {type(value).__name__}")
     try:
         when = datetime.fromisoformat(value)
-        return check_when("the time", when)
     except (ValueError, OverflowError) as exc:
         raise InvalidInput(f"{value[:40]!r} is not an ISO 8601 time with an offset, e.g. "
                            "2026-01-01T12:00:00+00:00") from exc
+    return check_when("the time", when)  # its own message: a naive time, or one out of range
 
 
 def _past(now: datetime) -> Callable[[object], datetime]:
