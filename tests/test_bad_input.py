@@ -229,7 +229,8 @@ CASES: list[tuple[str, Call, type[MemshelfError], str]] = [
     ("import-one-mapping", lambda s, _: s.import_(KALEB, {"kind": "memshelf-export", "format": 1}), InvalidInput,
      "must be a list of mappings, got dict"),
     ("import-text", lambda s, _: s.import_(KALEB, "{}"), InvalidInput, "must be a list of mappings, got str"),
-    ("import-none-record", lambda s, _: s.import_(KALEB, [None]), InvalidInput, "record 1: it is a NoneType, not a JSON object"),
+    ("import-none-record", lambda s, _: s.import_(KALEB, [None]), InvalidInput,
+     "record 1: it is a NoneType, not a JSON object"),
     ("import-surrogate-fact", lambda s, _: s.import_(KALEB, [
         {"kind": "fact", "key": "k", "value": LONE, "source": "stated", "updated_at": "2026-01-01T00:00:00+00:00"}]),
      InvalidInput, SURROGATE_FIX),

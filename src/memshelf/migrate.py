@@ -30,7 +30,7 @@ from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .errors import InvalidInput, MemshelfError
-from .model import FactChange, Memory, Owner
+from .model import Memory, Owner, missing_changes
 from .stores.base import Store, open_store
 
 DEFAULT_BATCH = 1_000
@@ -200,7 +200,7 @@ def _copy_owner(source: Store, dest: Store, owner: Owner, batch: int, report: Mi
         report.copied["memories"] += dest.import_memories(owner, [m for m, _ in chunk], [v for _, v in chunk])
         advance(len(chunk))
     facts = source.facts(owner)
-    missing = _missing_changes(source.fact_history(owner, None), dest.fact_history(owner, None))
+    missing = missing_changes(source.fact_history(owner, None), dest.fact_history(owner, None))
     report.copied["facts"] += dest.import_facts(owner, list(reversed(facts)), missing)
     report.copied["fact_changes"] += len(missing)
     advance(len(facts))
@@ -208,18 +208,6 @@ def _copy_owner(source: Store, dest: Store, owner: Owner, batch: int, report: Mi
         report.copied["messages"] += dest.import_messages(owner, chunk)
         advance(len(chunk))
 
-
-def _missing_changes(wanted: Sequence[FactChange], present: Sequence[FactChange]) -> list[FactChange]:
-    """The history entries dest lacks (a multiset difference, in source order): history has no ids, and
-    import_facts appends whatever it is given, so a resumed copy must not add them twice."""
-    have = Counter(present)
-    missing = []
-    for change in wanted:
-        if have[change]:
-            have[change] -= 1
-        else:
-            missing.append(change)
-    return missing
 
 
 def _copy_keys(source: Store, dest: Store, report: MigrationReport) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from .errors import InvalidInput, UnknownSource
 
@@ -151,6 +152,19 @@ class FactChange:
     value: str
     source: str
     set_at: datetime
+
+
+def missing_changes(wanted: Sequence[FactChange], present: Sequence[FactChange]) -> list[FactChange]:
+    """The fact changes of `wanted` that `present` lacks (a multiset difference, in wanted's order). History has no
+    ids: a change is its (key, value, source, set_at), so a second import or a resumed migration adds none twice."""
+    have = Counter(present)
+    missing = []
+    for change in wanted:
+        if have[change]:
+            have[change] -= 1
+        else:
+            missing.append(change)
+    return missing
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ import logging
 import os
 import secrets
 from dataclasses import replace
-from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,7 +24,7 @@ from .ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                     Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
-                    check_ttl, check_when, resolve_expiry, utcnow)
+                    check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
 from .stores.base import ApiKey, Erased, Position, Store, open_store
 from .vectors import pack
@@ -559,7 +558,7 @@ class Shelf:
                 raise type(exc)(f"import record {number}: {exc}; nothing was imported (fix the record or "
                                 "re-export)") from exc
         memories, blobs = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
-        changes = _unseen(batch.changes, self.store.fact_history(owner, None))
+        changes = missing_changes(batch.changes, self.store.fact_history(owner, None))
         with self.store.atomic():
             counts = {"memories": self.store.import_memories(owner, memories, blobs),
                       "facts": self.store.import_facts(owner, batch.facts, changes),
@@ -822,18 +821,6 @@ def _vector_blob(value: object) -> bytes:
                            "memory is embedded again")
     return blob
 
-
-def _unseen(wanted: Sequence[FactChange], present: Sequence[FactChange]) -> list[FactChange]:
-    """The fact changes the owner lacks (a multiset difference, in order): a change is its (key, value, source,
-    set_at), and history has no ids, so importing the same export twice must not add them twice."""
-    have = Counter(present)
-    missing = []
-    for change in wanted:
-        if have[change]:
-            have[change] -= 1
-        else:
-            missing.append(change)
-    return missing
 
 
 def _memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
