@@ -336,6 +336,37 @@ def test_errors_past_a_server_limit_do_not_blame_the_connection():
     assert "cannot talk" in str(_translate(psycopg.OperationalError("connection refused"), "url"))
 
 
+def _raised_by(url: str, *statements: str) -> psycopg.Error:
+    """The error the server raises for the last statement (each runs on one autocommit connection)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements[:-1]:
+            conn.execute(statement)
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(statements[-1])
+    return caught.value
+
+
+def test_each_server_error_is_translated_to_what_it_means(pg_url):
+    """Bad values are InvalidInput (HTTP 422), a busy server StoreUnavailable (503, retry), the rest StoreError."""
+    from memshelf import InvalidInput, StoreError, StoreUnavailable
+    from memshelf.stores.postgres import _translate
+
+    assert isinstance(_translate(_raised_by(pg_url, "SELECT 1 / 0"), "url"), InvalidInput)
+    duplicate = _raised_by(pg_url, "CREATE TEMP TABLE t (k int PRIMARY KEY)", "INSERT INTO t VALUES (1)",
+                           "INSERT INTO t VALUES (1)")
+    assert isinstance(_translate(duplicate, "url"), InvalidInput)
+    with psycopg.connect(pg_url) as holder:  # holds a lock the other connection cannot get in time
+        holder.execute("CREATE TABLE IF NOT EXISTS lock_probe (k int)")
+        holder.commit()
+        holder.execute("LOCK TABLE lock_probe IN ACCESS EXCLUSIVE MODE")
+        busy = _raised_by(pg_url, "SET lock_timeout = '50ms'", "SELECT * FROM lock_probe")
+        holder.rollback()
+    translated = _translate(busy, "url")
+    assert isinstance(translated, StoreUnavailable) and "retry" in str(translated)
+    other = _translate(_raised_by(pg_url, "SELECT * FROM no_such_table"), "url")
+    assert type(other) is StoreError and "no_such_table" in str(other) and "cannot talk" not in str(other)
+
+
 def test_long_owner_keys_and_wide_vectors_are_stored_and_searched_exactly(pg_url):
     """Past the covering index's limits (owner key over 512 bytes, over 512 dimensions) and pgvector's HNSW limit
     (2,000 dimensions) writes still succeed and searches still find the exact top-k, from the table."""

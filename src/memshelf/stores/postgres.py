@@ -81,7 +81,7 @@ from psycopg.pq import Format
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from ..errors import ConfigError, DimensionMismatch, MemshelfError, StoreError, StoreUnavailable
+from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
@@ -283,7 +283,21 @@ def _translate(exc: psycopg.Error, url_hint: str) -> MemshelfError:
     if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(("08", "57P"))):
         return StoreUnavailable(f"cannot talk to PostgreSQL at {url_hint} ({text}): check that the server is "
                                 "running and the URL, user and password are right, then retry")
-    return StoreError(f"PostgreSQL failed ({text}); retry, and if it persists check the server log")
+    if state in _BUSY_STATES:
+        return StoreUnavailable(f"PostgreSQL is busy ({text}): nothing was written; retry")
+    if state.startswith(("22", "23")):  # data exception, integrity constraint: the values, not the server
+        return InvalidInput(f"PostgreSQL refused the values ({text}): nothing was written; correct the input")
+    return StoreError(f"PostgreSQL failed ({text}): check the server log")
+
+
+_BUSY_STATES = frozenset({
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available (lock_timeout)
+    "57014",  # query_canceled (statement_timeout)
+    "53300",  # too_many_connections
+})
+"""SQLSTATEs that say the server is busy, not that the request is wrong: the same request may succeed if retried."""
 
 
 def _redact(url: str) -> str:
