@@ -100,7 +100,7 @@ async def check_remember_then_recall(session: ClientSession) -> None:
     listed = await call(session, "facts")
     assert [(f["key"], f["value"]) for f in listed["facts"]] == [("user_name", "Kaleb")]
 
-    assert await call(session, "forget", memory_id=stored["id"]) == {"forgotten": stored["id"]}
+    assert await call(session, "forget", memory_id=stored["id"]) == {"forgotten": stored["id"], "scrub_pending": False}
     assert len((await call(session, "recall", question="printer"))["hits"]) == 1
     assert "no memory" in await call_error(session, "forget", memory_id=stored["id"])
 

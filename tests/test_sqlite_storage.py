@@ -191,7 +191,7 @@ def test_an_erasure_behind_a_reader_returns_at_once_and_scrubs_after_it(tmp_path
     assert erased.scrub_pending and erased.as_dict()["scrub_pending"] is True
     started = time.monotonic()
     shelf.remember(MAYA, "chat", "Another writer is not held either.")
-    shelf.forget_fact(KALEB, "locker")
+    assert shelf.forget_fact(KALEB, "locker").scrub_pending
     assert time.monotonic() - started < 2
     assert list(shelf.search(KALEB, "xanthopsia")) == []  # gone from every read at once
     reader.close()
@@ -218,6 +218,30 @@ def test_a_pending_scrub_is_finished_by_the_next_write(tmp_path, monkeypatch):
     assert not shelf.store.scrub_pending
     assert b"xanthopsia" not in file_bytes(db)
     shelf.close()
+
+
+def test_http_erasures_behind_a_reader_say_the_scrub_is_pending(tmp_path):
+    """DELETE of one memory or fact answers 204 with no body; a header carries what Erased.scrub_pending says."""
+    from test_server import LiveServer, bearer
+
+    from memshelf.server import SCRUB_PENDING_HEADER, create_app
+
+    db = tmp_path / "memory.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        secret = shelf.create_key("home")[1]
+        first = shelf.remember(KALEB, "secrets", "The vault word is xanthopsia.")
+        second = shelf.remember(KALEB, "secrets", "The gate word is quillwort.")
+        shelf.set_fact(KALEB, "locker", "quizzaciously")
+    with LiveServer(create_app(target=str(db), embedder=None)) as live, \
+            httpx.Client(base_url=live.url, headers=bearer(secret), timeout=30) as client:
+        gone = client.delete(f"/v1/users/kaleb/memories/{first.id}")
+        assert gone.status_code == 204 and SCRUB_PENDING_HEADER not in gone.headers
+        reader = _hold_a_reader(db)
+        held = client.delete(f"/v1/users/kaleb/memories/{second.id}")
+        assert held.status_code == 204 and held.headers[SCRUB_PENDING_HEADER] == "true"
+        fact = client.delete("/v1/users/kaleb/facts/locker")
+        assert fact.status_code == 204 and fact.headers[SCRUB_PENDING_HEADER] == "true"
+        reader.close()
 
 
 def test_forget_fact_removes_the_key_and_values_from_the_files(tmp_path):

@@ -91,6 +91,7 @@ class FactsResult(BaseModel):
 
 class Forgotten(BaseModel):
     forgotten: str
+    scrub_pending: bool = False  # gone from every read; a copy may stay in the database's files a while
 
 
 def shown(text: str) -> tuple[str, bool]:
@@ -168,8 +169,8 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
                                                description="the id that remember or recall returned")],
                ctx: Context) -> Forgotten:
         """Erase one memory for good (its text, index entries and vector)."""
-        _call(lambda: shelf.forget(owner(ctx), memory_id))
-        return Forgotten(forgotten=memory_id)
+        erased = _call(lambda: shelf.forget(owner(ctx), memory_id))
+        return Forgotten(forgotten=memory_id, scrub_pending=erased.scrub_pending)
 
     @server.tool()
     def set_fact(key: Annotated[str, Field(min_length=1, max_length=MAX_FACT_KEY_CHARS,

@@ -409,6 +409,15 @@ class MessageOut(Out):
 
 
 
+SCRUB_PENDING_HEADER = "X-Memshelf-Scrub-Pending"
+"""Sent with a 204 erasure when the erased text may still be in the database's files for a while (README)."""
+
+
+def _erased_response(erased: Erased) -> Response:
+    headers = {SCRUB_PENDING_HEADER: "true"} if erased.scrub_pending else None
+    return Response(status_code=204, headers=headers)
+
+
 class ErasedOut(BaseModel):
     memories: int
     facts: int
@@ -557,8 +566,7 @@ def _memory_routes(app: FastAPI) -> None:
     @app.delete("/v1/users/{user}/memories/{memory_id}", status_code=204, tags=["memories"])
     def forget(owner: OwnerDep, shelf: ShelfDep, memory_id: Annotated[str, Path(max_length=200)]) -> Response:
         """Erase one memory, with its vector and index entries."""
-        shelf.forget(owner, memory_id)
-        return Response(status_code=204)
+        return _erased_response(shelf.forget(owner, memory_id))
 
 
 def _retrieval_routes(app: FastAPI) -> None:
@@ -602,8 +610,7 @@ def _fact_routes(app: FastAPI) -> None:
 
     @app.delete("/v1/users/{user}/facts/{key}", status_code=204, tags=["facts"])
     def forget_fact(owner: OwnerDep, shelf: ShelfDep, key: FactKey) -> Response:
-        shelf.forget_fact(owner, key)
-        return Response(status_code=204)
+        return _erased_response(shelf.forget_fact(owner, key))
 
     @app.get("/v1/users/{user}/facts/{key}/history", tags=["facts"])
     def fact_history(owner: OwnerDep, shelf: ShelfDep, key: FactKey, limit: ListLimit = 100,

@@ -442,9 +442,11 @@ class Shelf:
         key = None if key is None else check_text("fact key", key, MAX_FACT_KEY_CHARS)
         return self.store.fact_history(_check_owner(owner), key)
 
-    def forget_fact(self, owner: Owner, key: str) -> None:
+    def forget_fact(self, owner: Owner, key: str) -> Erased:
+        """Erase a fact with its whole history. Counts only the fact: the store does not say how many changes went."""
         if not self.store.delete_fact(_check_owner(owner), check_text("fact key", key, MAX_FACT_KEY_CHARS)):
             raise NotFound(f"no fact {key!r} for {owner}: list them with `memshelf facts`")
+        return Erased(facts=1, scrub_pending=self.store.scrub_pending)
 
     # ---------------------------------------------------------------- messages
     def log_message(self, owner: Owner, thread: str, role: str, content: str, *,
