@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from fakes import HashEmbedder
+from test_sqlite import file_bytes
 from memshelf import InvalidInput, Owner, Shelf, StoreError, StoreUnavailable
 from memshelf.model import NewMemory
 from memshelf.server import create_app
@@ -22,11 +23,6 @@ from memshelf.stores.sqlite_schema import MIGRATIONS
 
 KALEB = Owner("home", "kaleb")
 MAYA = Owner("home", "maya")
-
-
-def file_bytes(db: Path) -> bytes:
-    return b"".join(Path(f"{db}{suffix}").read_bytes() for suffix in ("", "-wal")
-                    if Path(f"{db}{suffix}").exists())
 
 
 def assert_index_consistent(db: Path) -> None:
