@@ -128,3 +128,24 @@ def test_tenant_wall_gives_a_table_added_later_the_same_wall(pg_fresh_url):
         assert conn.execute("SELECT tenant FROM probe").fetchall() == [("a",)]
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
             conn.execute("INSERT INTO probe VALUES ('b', 'bob', 'not mine to write')")
+
+
+# ---------------------------------------------------------------- what a SQL backend writes
+def test_a_sql_backend_writes_only_the_memory_half_and_a_small_dialect():
+    """The records and admin halves are written once (sql_records.py): what is left abstract for a SQL backend is
+    the memory-and-search half, its transactions, and the dialect; and both built-in backends fill in exactly that."""
+    from memshelf.stores.base import AdminStore, MemoryStore, RecordStore, Store
+    from memshelf.stores.postgres import PostgresStore
+    from memshelf.stores.sql_records import SQLRecords
+    from memshelf.stores.sqlite import SQLiteStore
+
+    dialect = {"_time_in", "_time_out", "_owner_scope", "_admin_scope", "_remove_memories", "_purge_memories"}
+    assert SQLRecords.__abstractmethods__ == MemoryStore.__abstractmethods__ | {"atomic", "close"} | dialect
+    assert not SQLRecords.__abstractmethods__ & (RecordStore.__abstractmethods__ | AdminStore.__abstractmethods__)
+    assert Store.__abstractmethods__ == (MemoryStore.__abstractmethods__ | RecordStore.__abstractmethods__
+                                         | AdminStore.__abstractmethods__ | {"atomic", "close"})
+    for backend in (SQLiteStore, PostgresStore):
+        assert not backend.__abstractmethods__
+        overridden = {name for name in RecordStore.__abstractmethods__ | AdminStore.__abstractmethods__
+                      if name in vars(backend)}
+        assert overridden == set(), f"{backend.__name__} writes {overridden} again instead of sharing them"

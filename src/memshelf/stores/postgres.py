@@ -162,7 +162,6 @@ class _TextBlobLoader(Loader):
 
 
 # ---------------------------------------------------------------- rows
-_MEMORY_COLUMNS = MEMORY_COLUMNS
 _LIVE = "(m.expires_at IS NULL OR m.expires_at > %s)"
 _OWNER = "m.tenant = %s AND m.user_id = %s"
 
@@ -250,7 +249,7 @@ def exact_query(owner: Owner, model: str, dimensions: int) -> sql.Composed:
         " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
         " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
         " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
-        columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
+        columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
         owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=vector)
 
 
@@ -552,14 +551,14 @@ class PostgresStore(SQLRecords):
 
     def _add_one(self, cur: psycopg.Cursor, owner: Owner, item: NewMemory, now: datetime) -> Memory:
         key = digest(item.topic, item.content)
-        select = (f"SELECT m.pk, {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.digest = %s FOR UPDATE")
+        select = (f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.digest = %s FOR UPDATE")
         row = cur.execute(select, (owner.tenant, owner.user, key)).fetchone()
         if row is None:
             inserted = cur.execute(
                 f"INSERT INTO memories AS m (id, tenant, user_id, topic, content, digest, source, confidence,"
                 " created_at, last_seen, observations, expires_at, embedding, embed_model, context_search)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s, %s,"
-                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {_MEMORY_COLUMNS}",
+                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {MEMORY_COLUMNS}",
                 (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
                  item.confidence, item.created_at, now, item.expires_at,
                  None if item.vector is None else Blob(item.vector), item.embed_model,
@@ -577,7 +576,7 @@ class PostgresStore(SQLRecords):
             "UPDATE memories AS m SET observations = observations + 1, last_seen = %s, expires_at = %s,"
             " source = %s, confidence = %s"
             + (", embedding = %s, embed_model = %s" if seen.replace_vector else "")
-            + f" WHERE pk = %s RETURNING {_MEMORY_COLUMNS}",
+            + f" WHERE pk = %s RETURNING {MEMORY_COLUMNS}",
             (now, seen.expires_at, seen.source, seen.confidence,
              *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), row[0])).fetchone()
         assert updated is not None  # the row was just read under the same transaction
@@ -625,7 +624,7 @@ class PostgresStore(SQLRecords):
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
         with self._tenant(owner.tenant) as cur:
-            row = cur.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.id = %s AND {_LIVE}",
+            row = cur.execute(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.id = %s AND {_LIVE}",
                               (owner.tenant, owner.user, memory_id, now)).fetchone()
         return None if row is None else _memory(row)
 
@@ -656,7 +655,7 @@ class PostgresStore(SQLRecords):
         bound, anchor = self._page_bound("memories", owner, after)
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
+                f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
                 " ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
                 (owner.tenant, owner.user, *anchor, now, limit)).fetchall()
         return [_memory(r) for r in rows]
@@ -667,7 +666,7 @@ class PostgresStore(SQLRecords):
         while True:
             with self._tenant(owner.tenant) as cur:
                 rows = cur.execute(
-                    f"SELECT {_MEMORY_COLUMNS}, m.embedding, m.pk FROM memories m WHERE {_OWNER} AND m.pk > %s"
+                    f"SELECT {MEMORY_COLUMNS}, m.embedding, m.pk FROM memories m WHERE {_OWNER} AND m.pk > %s"
                     + ("" if now is None else f" AND {_LIVE}") + " ORDER BY m.pk LIMIT %s",
                     (owner.tenant, owner.user, after, *(() if now is None else (now,)), PAGE)).fetchall()
             for row in rows:
@@ -689,7 +688,7 @@ class PostgresStore(SQLRecords):
                         " || setweight(coalesce(m.context_search, ''::tsvector), 'B'), q)"))
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS}, {rank} AS rank"
+                f"SELECT {MEMORY_COLUMNS}, {rank} AS rank"
                 " FROM memories m, to_tsquery('memshelf_text', %s) AS q"
                 f" WHERE m.search @@ q AND {_OWNER} AND {_LIVE} ORDER BY {order} LIMIT %s",
                 (tsquery_text(terms), owner.tenant, owner.user, now, limit)).fetchall()
@@ -746,7 +745,7 @@ class PostgresStore(SQLRecords):
             "WITH c AS MATERIALIZED (SELECT {columns}, m.pk, {cast} <=> %s::vector({dims}) AS distance"
             " FROM memories m WHERE {owner} AND {live} AND {vector} ORDER BY distance LIMIT %s)"
             " SELECT *, 1 - distance AS score FROM c ORDER BY distance, confidence DESC, pk DESC").format(
-            columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
+            columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
             owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=_vector_predicate(model, dimensions))
         wanted = max(limit * OVERSAMPLE, MIN_CANDIDATES)
         rows = cur.execute(query, (blob, owner.tenant, owner.user, now, wanted)).fetchall()

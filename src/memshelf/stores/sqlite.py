@@ -52,9 +52,6 @@ def parse_ts(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)  # reads the "...Z" form (Python >= 3.11)
 
 
-_MEMORY_COLUMNS = MEMORY_COLUMNS
-
-
 def _memory(row: Sequence) -> Memory:
     return memory_from_row(row, parse_ts)
 
@@ -319,7 +316,7 @@ class SQLiteStore(SQLRecords):
             for item in items:
                 key = digest(item.topic, item.content)
                 row = self._q(
-                    f"SELECT m.pk, {_MEMORY_COLUMNS} FROM memories m "
+                    f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
                     "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
                     (owner.tenant, owner.user, key)).fetchone()
                 if row is None:
@@ -334,7 +331,7 @@ class SQLiteStore(SQLRecords):
                     self._fts.add(owner.tenant, cur.lastrowid or 0, item.topic, item.content, tag, context)
                 else:
                     self._observe_again(row, item, now)
-                got = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+                got = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m "
                               "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
                               (owner.tenant, owner.user, key)).fetchone()
                 stored.append(_memory(got))
@@ -404,7 +401,7 @@ class SQLiteStore(SQLRecords):
         return added
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
-        row = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ? AND m.id = ?"
+        row = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ? AND m.id = ?"
                       " AND (m.expires_at IS NULL OR m.expires_at > ?)",
                       (owner.tenant, owner.user, memory_id, ts(now))).fetchone()
         return None if row is None else _memory(row)
@@ -419,13 +416,13 @@ class SQLiteStore(SQLRecords):
 
     def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
         bound, params = self._page_bound("memories", owner, after)
-        rows = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
+        rows = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
                        " AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
                        (owner.tenant, owner.user, *params, ts(now), limit)).fetchall()
         return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
-        sql = (f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
+        sql = (f"SELECT {MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
                + ("" if now is None else " AND (m.expires_at IS NULL OR m.expires_at > ?)")
                + " ORDER BY m.pk")
         params = (owner.tenant, owner.user) + (() if now is None else (ts(now),))
@@ -449,7 +446,7 @@ class SQLiteStore(SQLRecords):
         narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
         query = fts_query(terms, owner if narrow else None, with_context=not by_confidence)
         rows = self._q(
-            f"SELECT {_MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
+            f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
             f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
             f" WHERE {table} MATCH ? AND m.tenant = ? AND m.user_id = ?"
             " AND (m.expires_at IS NULL OR m.expires_at > ?)"
@@ -483,7 +480,7 @@ class SQLiteStore(SQLRecords):
         keys = [int(matrix.keys[i]) for i, _ in picks]
         marks = ",".join("?" * len(keys))
         rows = {r[10]: r for r in self._q(
-            f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
+            f"SELECT {MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
             " AND +m.tenant = ? AND +m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)",
             (*keys, owner.tenant, owner.user, ts(now))).fetchall()}  # unary +: look rows up by pk, not owner index
         return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
