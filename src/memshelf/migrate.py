@@ -17,24 +17,22 @@ API keys are copied with their hashes (secrets are never known), revoked ones in
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
-import json
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .errors import InvalidInput, MemshelfError
-from .model import Memory, Owner, missing_changes
+from .model import Owner, missing_changes
+from .exports import EVERYTHING, canonical_line, owner_records
 from .stores.base import Store, open_store
+from .stores.tables import OWNER_TABLES, counted_by_kind, exported_kinds
 
 DEFAULT_BATCH = 1_000
-EVERYTHING = 2**62
 Progress = Callable[[int, int], None]
 """progress(records_done, records_total), called after every batch."""
 
@@ -96,7 +94,7 @@ def copy_store(source: Store, dest: Store, *, batch: int = DEFAULT_BATCH,
     report.owners = len(owners)
     _refuse_conflicts(source, dest, owners)
     stats = source.stats()
-    total = sum(stats.get(kind, 0) for kind in ("memories", "facts", "messages"))
+    total = sum(stats.get(t.counted_as, 0) for t in OWNER_TABLES if t.in_stats and t.counted_as)
     done = 0
 
     def advance(n: int) -> None:
@@ -234,16 +232,11 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 # ---------------------------------------------------------------- verification
 def owner_lines(store: Store, owner: Owner) -> dict[str, list[str]]:
-    """The owner's records by kind, each as one canonical JSON line, sorted so that insertion order does not
-    matter: what verification hashes and what the conflict check compares."""
-    return {
-        "memory": sorted(json.dumps(_memory_record(m, v), sort_keys=True) for m, v in store.iter_memories(owner, None)),
-        "fact": sorted(json.dumps([f.key, f.value, f.source, _iso(f.updated_at)]) for f in store.facts(owner)),
-        "fact_change": sorted(json.dumps([c.key, c.value, c.source, _iso(c.set_at)])
-                              for c in store.fact_history(owner, None)),
-        "message": sorted(json.dumps([m.id, m.thread, m.role, m.content, _iso(m.created_at), _iso(m.expires_at)])
-                          for m in store.messages(owner, None, EVERYTHING, None)),
-    }
+    """The owner's records (expired ones too) by kind, in the registry's order, each as one canonical JSON line of
+    the export format, sorted so that insertion order does not matter: what verification hashes and what the
+    conflict check compares. A kind the copy forgot shows up here as a mismatch."""
+    return {kind: sorted(canonical_line(record) for record in owner_records(store, owner, kind, None))
+            for kind in exported_kinds()}
 
 
 def owner_check(store: Store, owner: Owner) -> OwnerCheck:
@@ -253,8 +246,8 @@ def owner_check(store: Store, owner: Owner) -> OwnerCheck:
     for kind, records in lines.items():
         for line in records:
             digest.update(f"{kind}\t{line}\n".encode())
-    counts = {"memories": len(lines["memory"]), "facts": len(lines["fact"]),
-              "fact_changes": len(lines["fact_change"]), "messages": len(lines["message"])}
+    names = counted_by_kind()
+    counts = {names[kind]: len(records) for kind, records in lines.items()}
     return OwnerCheck(owner, counts, digest.hexdigest())
 
 
@@ -267,15 +260,3 @@ def _verify(source: Store, dest: Store, owner: Owner) -> OwnerCheck:
             "to resume; if the destination already held other records for this owner, migrate into an empty "
             "destination")
     return got
-
-
-def _iso(when: datetime | None) -> str | None:
-    return None if when is None else when.isoformat(timespec="microseconds")
-
-
-def _memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
-    return {"id": memory.id, "topic": memory.topic, "content": memory.content, "source": memory.source,
-            "confidence": memory.confidence, "created_at": _iso(memory.created_at),
-            "last_seen": _iso(memory.last_seen), "observations": memory.observations,
-            "expires_at": _iso(memory.expires_at), "embed_model": memory.embed_model if blob is not None else None,
-            "embedding": base64.b64encode(blob).decode() if blob is not None else None}

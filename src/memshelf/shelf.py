@@ -10,13 +10,14 @@ import logging
 import os
 import secrets
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import context as ctx
+from . import exports
 from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, resolve_embedder,
                               search_timeout, write_timeout)
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
@@ -24,9 +25,10 @@ from .ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                     Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
-                    check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
+                    check_ttl, missing_changes, resolve_expiry, utcnow)
 from .retrieval import Candidate, fuse
 from .stores.base import ApiKey, Erased, Position, Store, open_store
+from .stores.tables import exported_kinds
 from .vectors import pack
 
 log = logging.getLogger("memshelf")
@@ -41,7 +43,6 @@ CANDIDATES = 50
 """How many candidates each retriever contributes to a hybrid search."""
 DEFAULT_MESSAGE_TTL = timedelta(days=30)
 DEFAULT_DB = "memshelf.db"
-EXPORT_FORMAT = 1
 IMPORT_BATCH = 64
 MAX_BACKFILL_BATCH = 10_000
 
@@ -132,7 +133,7 @@ def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int) -> 
     if len(page) < limit:
         return None
     last = page[-1]
-    payload = json.dumps([_owner_check(owner), _iso(last.created_at), last.id], separators=(",", ":"))
+    payload = json.dumps([_owner_check(owner), exports.iso(last.created_at), last.id], separators=(",", ":"))
     return CURSOR_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
@@ -524,19 +525,9 @@ class Shelf:
         messages are left out, as every other read leaves them out."""
         owner = _check_owner(owner)
         now = self.now()
-        yield {"kind": "memshelf-export", "format": EXPORT_FORMAT}
-        for memory, blob in self.store.iter_memories(owner, now):
-            yield _memory_record(memory, blob)
-        for fact in reversed(self.store.facts(owner)):
-            yield {"kind": "fact", "key": fact.key, "value": fact.value, "source": fact.source,
-                   "updated_at": _iso(fact.updated_at)}
-        for change in self.store.fact_history(owner, None):
-            yield {"kind": "fact_change", "key": change.key, "value": change.value, "source": change.source,
-                   "set_at": _iso(change.set_at)}
-        for message in self.store.messages(owner, None, 2**62, now):
-            yield {"kind": "message", "id": message.id, "thread": message.thread, "role": message.role,
-                   "content": message.content, "created_at": _iso(message.created_at),
-                   "expires_at": _iso(message.expires_at)}
+        yield exports.header()
+        for kind in exported_kinds():
+            yield from exports.owner_records(self.store, owner, kind, now)
 
     def import_(self, owner: Owner, records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         """Load records made by export() into this owner, all or nothing. Records the owner already has are
@@ -544,15 +535,15 @@ class Shelf:
 
         A record is checked as remember() checks its input, never trusted: a memory's confidence comes from its
         source as this shelf declares it (the record's `confidence` is ignored); ids must have the shape memshelf
-        gives; times lie between 1970 and now (plus MAX_CLOCK_SKEW); expiries are in the future; observations are
-        1 to MAX_OBSERVATIONS. The first bad record stops the import with an InvalidInput naming its number and
-        field. A vector is kept only when its length fits its model (see _settle_vectors)."""
+        gives; times lie between 1970 and now (plus exports.MAX_CLOCK_SKEW); expiries are in the future;
+        observations are 1 to exports.MAX_OBSERVATIONS. The first bad record stops the import with an InvalidInput
+        naming its number and field. A vector is kept only when its length fits its model (see _settle_vectors)."""
         owner = _check_owner(owner)
         now = self.now()
-        batch = _Imported()
+        batch = exports.ImportBatch()
         for number, record in enumerate(_check_records("records", records), 1):
             try:
-                self._read_record(record, batch, now)
+                exports.read_record(record, batch, now, self.sources)
             except RecursionError:
                 raise InvalidInput(f"import record {number} is nested too deeply to read: nothing was imported; "
                                    "fix the record or re-export") from None
@@ -566,42 +557,6 @@ class Shelf:
                       "facts": self.store.import_facts(owner, batch.facts, changes),
                       "messages": self.store.import_messages(owner, batch.messages)}
         return counts
-
-    def _read_record(self, record: object, batch: _Imported, now: datetime) -> None:
-        if not isinstance(record, Mapping):
-            raise InvalidInput(f"it is a {type(record).__name__}, not a JSON object")
-        kind = record.get("kind")
-        if kind is None:
-            raise InvalidInput("field 'kind' is missing: every line of an export names its kind (memory, fact, ...)")
-        if kind == "memshelf-export":
-            if record.get("format") != EXPORT_FORMAT:
-                raise InvalidInput(f"the export format is not {EXPORT_FORMAT}: upgrade memshelf to read it")
-        elif kind == "memory":
-            memory, blob = self._memory_from_record(record, now)
-            batch.memories.append(memory)
-            batch.blobs.append(blob)
-        elif kind == "fact":
-            key, value, source = self._fact_fields(record)
-            batch.facts.append(Fact(key, value, source, _field(record, "updated_at", _past(now))))
-        elif kind == "fact_change":
-            key, value, source = self._fact_fields(record)
-            batch.changes.append(FactChange(key, value, source, _field(record, "set_at", _past(now))))
-        elif kind == "message":
-            batch.messages.append(Message(
-                _field(record, "id", _record_id("msg")),
-                _field(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS)),
-                _field(record, "role", lambda v: check_text("role", v, 64)),
-                _field(record, "content", lambda v: check_text("content", v)),
-                _field(record, "created_at", _past(now)),
-                _optional(record, "expires_at", _future(now))))
-        else:
-            shown = repr(kind[:40]) if isinstance(kind, str) else f"of type {type(kind).__name__}"
-            raise InvalidInput(f"unknown record kind {shown}: use memory, fact, fact_change or message")
-
-    def _fact_fields(self, record: Mapping[str, Any]) -> tuple[str, str, str]:
-        return (_field(record, "key", lambda v: check_text("fact key", v, MAX_FACT_KEY_CHARS)),
-                _field(record, "value", lambda v: check_text("fact value", v, MAX_FACT_VALUE_CHARS)),
-                _field(record, "source", self._known_source))
 
     def _settle_vectors(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]
                         ) -> tuple[list[Memory], list[bytes | None]]:
@@ -666,29 +621,6 @@ class Shelf:
             log.warning("embedder unavailable during import; run backfill later: %s", exc)
         return memories, blobs
 
-    def _known_source(self, source: object) -> str:
-        self.sources.confidence(source)
-        return source  # type: ignore[return-value]
-
-    def _memory_from_record(self, record: Mapping[str, Any], now: datetime) -> tuple[Memory, bytes | None]:
-        source = _field(record, "source", self._known_source)
-        created = _field(record, "created_at", _past(now))
-        last_seen = _optional(record, "last_seen", _past(now)) or created
-        if last_seen < created:
-            raise InvalidInput("field 'last_seen' is before created_at: a memory is seen again only after it is made")
-        blob = _optional(record, "embedding", _vector_blob)
-        model = _optional(record, "embed_model", lambda v: check_text("embed_model", v, MAX_TOPIC_CHARS))
-        if blob is not None and model is None:
-            raise InvalidInput("field 'embedding' has no embed_model: a vector needs the name of the model that made "
-                               "it (or drop the embedding and the memory is embedded again)")
-        memory = Memory(id=_field(record, "id", _record_id("m")), topic=_field(record, "topic", check_topic),
-                        content=_field(record, "content", lambda v: check_text("content", v)), source=source,
-                        confidence=self.sources.confidence(source), created_at=created,
-                        expires_at=_optional(record, "expires_at", _future(now)), last_seen=last_seen,
-                        observations=_optional(record, "observations", _observations) or 1,
-                        embed_model=model if blob is not None else None)
-        return memory, blob
-
     # ---------------------------------------------------------------- API keys (for `memshelf serve`)
     def create_key(self, tenant: str | None, name: str = "") -> tuple[ApiKey, str]:
         """Make an API key bound to `tenant` (None: an admin key). Returns the key and its secret, which is
@@ -723,112 +655,3 @@ class Shelf:
 def _hash_secret(secret: str) -> str:
     # Secrets are 256 random bits, so a fast hash is safe here; a slow KDF would only slow every request.
     return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def _iso(when: datetime | None) -> str | None:
-    return None if when is None else when.isoformat(timespec="microseconds")
-
-
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-MAX_CLOCK_SKEW = timedelta(minutes=5)
-"""How far in the future an imported record's time may be (clocks of two machines disagree a little)."""
-MAX_OBSERVATIONS = 2**31 - 1
-
-
-class _Imported:
-    """The records of one import, checked, waiting to be written together."""
-
-    def __init__(self) -> None:
-        self.memories: list[Memory] = []
-        self.blobs: list[bytes | None] = []
-        self.facts: list[Fact] = []
-        self.changes: list[FactChange] = []
-        self.messages: list[Message] = []
-
-
-_T = TypeVar("_T")
-
-
-def _field(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) -> _T:
-    """A required field of an import record, checked; errors name the field."""
-    value = _optional(record, name, check)
-    if value is None:
-        raise InvalidInput(f"field {name!r} is missing")
-    return value
-
-
-def _optional(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) -> _T | None:
-    value = record.get(name)
-    if value is None:
-        return None
-    try:
-        return check(value)
-    except InvalidInput as exc:
-        raise type(exc)(f"field {name!r}: {exc}") from exc
-
-
-def _record_id(kind: str) -> Callable[[object], str]:
-    def check(value: object) -> str:
-        if not is_id(kind, value):
-            raise InvalidInput(f"not an id memshelf makes (like {new_id(kind)})")
-        return value  # type: ignore[return-value]
-    return check
-
-
-def _time(value: object) -> datetime:
-    if not isinstance(value, str):
-        raise InvalidInput(f"must be an ISO 8601 time string, got {type(value).__name__}")
-    try:
-        when = datetime.fromisoformat(value)
-    except (ValueError, OverflowError) as exc:
-        raise InvalidInput(f"{value[:40]!r} is not an ISO 8601 time with an offset, e.g. "
-                           "2026-01-01T12:00:00+00:00") from exc
-    return check_when("the time", when)  # its own message: a naive time, or one out of range
-
-
-def _past(now: datetime) -> Callable[[object], datetime]:
-    """A record's creation or change time: from 1970 up to now (plus a small clock skew)."""
-    def check(value: object) -> datetime:
-        when = _time(value)
-        if not EARLIEST <= when <= now + MAX_CLOCK_SKEW:
-            raise InvalidInput(f"{when.isoformat()} is not between 1970 and now ({now.isoformat()}): "
-                               "a record cannot be made before 1970 or in the future")
-        return when
-    return check
-
-
-def _future(now: datetime) -> Callable[[object], datetime | None]:
-    """A record's expiry: the same rules as remember's expires_at (so never one that has already passed)."""
-    return lambda value: resolve_expiry(_time(value), None, now)
-
-
-def _observations(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OBSERVATIONS:
-        raise InvalidInput(f"must be a whole number from 1 to {MAX_OBSERVATIONS:,}")
-    return value
-
-
-def _vector_blob(value: object) -> bytes:
-    """A base64 float32 vector of finite numbers."""
-    if not isinstance(value, str):
-        raise InvalidInput(f"must be base64 text, got {type(value).__name__}")
-    try:
-        blob = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidInput("is not valid base64") from exc
-    if not blob or len(blob) % 4:
-        raise InvalidInput("must hold float32 numbers (a multiple of 4 bytes)")
-    if not np.all(np.isfinite(np.frombuffer(blob, dtype="<f4"))):
-        raise InvalidInput("contains NaN or infinity: re-export it, or drop embedding and embed_model so the "
-                           "memory is embedded again")
-    return blob
-
-
-
-def _memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
-    return {"kind": "memory", "id": memory.id, "topic": memory.topic, "content": memory.content,
-            "source": memory.source, "confidence": memory.confidence, "created_at": _iso(memory.created_at),
-            "last_seen": _iso(memory.last_seen), "observations": memory.observations,
-            "expires_at": _iso(memory.expires_at),
-            "embed_model": memory.embed_model if blob is not None else None,
-            "embedding": base64.b64encode(blob).decode() if blob is not None else None}

@@ -118,27 +118,10 @@ class Pending:
     text: str
 
 
-class Store(ABC):
-    """A backend. Every method that reads or writes records takes the owner and filters by it in the query."""
+class MemoryStore(ABC):
+    """The memory-and-search half of a backend: memories, their full-text and vector search, backfill. Each backend
+    writes it its own way; every method takes the owner and filters by it in the query."""
 
-    @abstractmethod
-    def atomic(self) -> AbstractContextManager[None]:
-        """A transaction: commits on success, rolls back on any exception, nests with savepoints."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-    @property
-    def scrub_pending(self) -> bool:
-        """Whether the text of something erased may still sit in the backend's files (see Erased.scrub_pending)."""
-        return False
-
-    def bulk_load(self) -> AbstractContextManager[None]:
-        """Wrap a large import (migrate, benchmarks): a backend may defer index builds to the end of the block
-        and tidy up afterwards. Reads inside the block stay correct. The default does nothing special."""
-        return nullcontext()
-
-    # memories
     @abstractmethod
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
         """Insert, or for an identical (topic, content) bump observations and last_seen. Returns each stored row."""
@@ -193,7 +176,10 @@ class Store(ABC):
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
         """Store vectors by Pending.key (backfill)."""
 
-    # facts
+
+class RecordStore(ABC):
+    """Facts with their history, messages, and API keys. SQL backends share one implementation (sql_records.py)."""
+
     @abstractmethod
     def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
                  replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
@@ -232,17 +218,6 @@ class Store(ABC):
     @abstractmethod
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int: ...
 
-    # erasure
-    @abstractmethod
-    def erase_user(self, owner: Owner) -> Erased:
-        """Remove every trace of the owner: memories, vectors, index entries, facts, history, messages."""
-
-    @abstractmethod
-    def erase_tenant(self, tenant: str) -> Erased: ...
-
-    @abstractmethod
-    def purge_expired(self, now: datetime) -> Erased: ...
-
     # API keys of the HTTP server (only their hashes are stored)
     @abstractmethod
     def add_key(self, key: ApiKey, secret_hash: str) -> None: ...
@@ -265,12 +240,49 @@ class Store(ABC):
     def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
         """Revoke every live key of the tenant (erasing a tenant); returns how many."""
 
+
+class AdminStore(ABC):
+    """What reads or erases across owners: erasure, purge, the owner list, counts. They cover every table of the
+    registry (tables.py)."""
+
+    @abstractmethod
+    def erase_user(self, owner: Owner) -> Erased:
+        """Remove every trace of the owner: memories, vectors, index entries, facts, history, messages."""
+
+    @abstractmethod
+    def erase_tenant(self, tenant: str) -> Erased: ...
+
+    @abstractmethod
+    def purge_expired(self, now: datetime) -> Erased: ...
+
     @abstractmethod
     def owners(self) -> list[Owner]:
         """Every owner with at least one record (for migration between backends)."""
 
     def stats(self) -> dict[str, int]:
         return {}
+
+
+class Store(MemoryStore, RecordStore, AdminStore):
+    """A backend: the three halves above, in transactions. Every method that reads or writes records takes the
+    owner and filters by it in the query."""
+
+    @abstractmethod
+    def atomic(self) -> AbstractContextManager[None]:
+        """A transaction: commits on success, rolls back on any exception, nests with savepoints."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    def scrub_pending(self) -> bool:
+        """Whether the text of something erased may still sit in the backend's files (see Erased.scrub_pending)."""
+        return False
+
+    def bulk_load(self) -> AbstractContextManager[None]:
+        """Wrap a large import (migrate, benchmarks): a backend may defer index builds to the end of the block
+        and tidy up afterwards. Reads inside the block stay correct. The default does nothing special."""
+        return nullcontext()
 
 
 StoreFactory = Callable[[str], Store]

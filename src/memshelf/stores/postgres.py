@@ -68,10 +68,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, UTC
 from typing import Any, overload
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import psycopg
@@ -83,9 +83,9 @@ from psycopg_pool import ConnectionPool
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..ids import new_id
-from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
-                   register_store)
+from ..model import Memory, NewMemory, Owner
+from .base import CONTEXT_TURNS, Pending, Position, Scored, digest, observe_again, register_store
+from .sql_records import MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns, memory_from_row
 from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from .postgres_upkeep import Pair, Upkeep, scrub_settings
 
@@ -162,8 +162,6 @@ class _TextBlobLoader(Loader):
 
 
 # ---------------------------------------------------------------- rows
-_MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
-                   "m.last_seen, m.observations, m.embed_model")
 _LIVE = "(m.expires_at IS NULL OR m.expires_at > %s)"
 _OWNER = "m.tenant = %s AND m.user_id = %s"
 
@@ -171,10 +169,8 @@ _OWNER = "m.tenant = %s AND m.user_id = %s"
 def _context_of(tenant: str, user: str, topic: str, before: str = "") -> str:
     """SQL for the words of the CONTEXT_TURNS memories of (tenant, user, topic) with pk below `before` (default:
     all), oldest first; NULL when there are none."""
-    bound = f" AND p.pk < {before}" if before else ""
-    return ("(SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM (SELECT p.pk, p.content"
-            f" FROM memories p WHERE p.tenant = {tenant} AND p.user_id = {user} AND p.topic = {topic}{bound}"
-            f" ORDER BY p.pk DESC LIMIT {CONTEXT_TURNS}) p)")
+    turns = earlier_turns(tenant, user, topic, before or None)
+    return f"(SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM ({turns}) p)"
 
 
 @overload
@@ -186,13 +182,7 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def _memory(row: Sequence) -> Memory:
-    return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
-                  created_at=_utc(row[5]), expires_at=_utc(row[6]), last_seen=_utc(row[7]),
-                  observations=row[8], embed_model=row[9])
-
-
-def _key(row: Sequence) -> ApiKey:
-    return ApiKey(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]))
+    return memory_from_row(row, _utc)
 
 
 def index_names(model: str, dimensions: int) -> dict[str, str]:
@@ -259,7 +249,7 @@ def exact_query(owner: Owner, model: str, dimensions: int) -> sql.Composed:
         " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
         " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
         " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
-        columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
+        columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
         owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=vector)
 
 
@@ -328,7 +318,7 @@ def pool_size_setting(explicit: int | None) -> int:
     return size
 
 
-class PostgresStore(Store):
+class PostgresStore(SQLRecords):
     """A pool of connections; inside atomic() one connection is bound to the current thread."""
 
     def __init__(self, url: str, *, exact_max_rows: int = EXACT_MAX_ROWS, pool_size: int | None = None) -> None:
@@ -442,6 +432,22 @@ class PostgresStore(Store):
     def _admin(self) -> Any:
         return self._scoped(ADMIN_ROLE, None)
 
+    # ------------------------------------------------------------ the records half's dialect (sql_records.py)
+    PARAM = "%s"
+    LOCK_ROW = " FOR UPDATE"
+
+    def _time_in(self, value: datetime | None) -> datetime | None:
+        return value
+
+    def _time_out(self, value: datetime | None) -> datetime | None:
+        return _utc(value)
+
+    def _owner_scope(self, tenant: str, write: bool = True) -> AbstractContextManager[Statements]:
+        return self._tenant(tenant)  # type: ignore[no-any-return]
+
+    def _admin_scope(self, write: bool = True) -> AbstractContextManager[Statements]:
+        return self._admin()  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._upkeep.close()
         self._pool.close()
@@ -545,14 +551,14 @@ class PostgresStore(Store):
 
     def _add_one(self, cur: psycopg.Cursor, owner: Owner, item: NewMemory, now: datetime) -> Memory:
         key = digest(item.topic, item.content)
-        select = (f"SELECT m.pk, {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.digest = %s FOR UPDATE")
+        select = (f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.digest = %s FOR UPDATE")
         row = cur.execute(select, (owner.tenant, owner.user, key)).fetchone()
         if row is None:
             inserted = cur.execute(
                 f"INSERT INTO memories AS m (id, tenant, user_id, topic, content, digest, source, confidence,"
                 " created_at, last_seen, observations, expires_at, embedding, embed_model, context_search)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s, %s,"
-                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {_MEMORY_COLUMNS}",
+                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {MEMORY_COLUMNS}",
                 (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
                  item.confidence, item.created_at, now, item.expires_at,
                  None if item.vector is None else Blob(item.vector), item.embed_model,
@@ -570,7 +576,7 @@ class PostgresStore(Store):
             "UPDATE memories AS m SET observations = observations + 1, last_seen = %s, expires_at = %s,"
             " source = %s, confidence = %s"
             + (", embedding = %s, embed_model = %s" if seen.replace_vector else "")
-            + f" WHERE pk = %s RETURNING {_MEMORY_COLUMNS}",
+            + f" WHERE pk = %s RETURNING {MEMORY_COLUMNS}",
             (now, seen.expires_at, seen.source, seen.confidence,
              *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), row[0])).fetchone()
         assert updated is not None  # the row was just read under the same transaction
@@ -618,7 +624,7 @@ class PostgresStore(Store):
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
         with self._tenant(owner.tenant) as cur:
-            row = cur.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.id = %s AND {_LIVE}",
+            row = cur.execute(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.id = %s AND {_LIVE}",
                               (owner.tenant, owner.user, memory_id, now)).fetchone()
         return None if row is None else _memory(row)
 
@@ -642,15 +648,14 @@ class PostgresStore(Store):
             f"UPDATE memories f SET context_search = {_context_of('f.tenant', 'f.user_id', 'f.topic', 'f.pk')}"
             " WHERE f.pk IN (SELECT n.pk FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[])"
             "   AS g(tenant, user_id, topic, pk)"
-            "   CROSS JOIN LATERAL (SELECT n.pk FROM memories n WHERE n.tenant = g.tenant AND n.user_id = g.user_id"
-            f"   AND n.topic = g.topic AND n.pk > g.pk ORDER BY n.pk LIMIT {CONTEXT_TURNS}) n)",
+            f"   CROSS JOIN LATERAL ({later_turns('n.pk', 'g.tenant', 'g.user_id', 'g.topic', 'g.pk')}) n)",
             (tenants, users, topics, pks))
 
     def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
-        bound, anchor = _page_bound("memories", owner, after)
+        bound, anchor = self._page_bound("memories", owner, after)
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
+                f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
                 " ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
                 (owner.tenant, owner.user, *anchor, now, limit)).fetchall()
         return [_memory(r) for r in rows]
@@ -661,7 +666,7 @@ class PostgresStore(Store):
         while True:
             with self._tenant(owner.tenant) as cur:
                 rows = cur.execute(
-                    f"SELECT {_MEMORY_COLUMNS}, m.embedding, m.pk FROM memories m WHERE {_OWNER} AND m.pk > %s"
+                    f"SELECT {MEMORY_COLUMNS}, m.embedding, m.pk FROM memories m WHERE {_OWNER} AND m.pk > %s"
                     + ("" if now is None else f" AND {_LIVE}") + " ORDER BY m.pk LIMIT %s",
                     (owner.tenant, owner.user, after, *(() if now is None else (now,)), PAGE)).fetchall()
             for row in rows:
@@ -683,7 +688,7 @@ class PostgresStore(Store):
                         " || setweight(coalesce(m.context_search, ''::tsvector), 'B'), q)"))
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {_MEMORY_COLUMNS}, {rank} AS rank"
+                f"SELECT {MEMORY_COLUMNS}, {rank} AS rank"
                 " FROM memories m, to_tsquery('memshelf_text', %s) AS q"
                 f" WHERE m.search @@ q AND {_OWNER} AND {_LIVE} ORDER BY {order} LIMIT %s",
                 (tsquery_text(terms), owner.tenant, owner.user, now, limit)).fetchall()
@@ -740,7 +745,7 @@ class PostgresStore(Store):
             "WITH c AS MATERIALIZED (SELECT {columns}, m.pk, {cast} <=> %s::vector({dims}) AS distance"
             " FROM memories m WHERE {owner} AND {live} AND {vector} ORDER BY distance LIMIT %s)"
             " SELECT *, 1 - distance AS score FROM c ORDER BY distance, confidence DESC, pk DESC").format(
-            columns=sql.SQL(_MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
+            columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
             owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=_vector_predicate(model, dimensions))
         wanted = max(limit * OVERSAMPLE, MIN_CANDIDATES)
         rows = cur.execute(query, (blob, owner.tenant, owner.user, now, wanted)).fetchall()
@@ -774,112 +779,21 @@ class PostgresStore(Store):
             cur.executemany("UPDATE memories SET embedding = %s, embed_model = %s WHERE pk = %s",
                             [(Blob(blob), model, key) for key, blob in rows])
 
-    # ------------------------------------------------------------ facts
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
-                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
-        """Insert the fact, or lock its current row and replace it only if `replaces` allows, so two concurrent
-        writers cannot both decide against a value neither of them saw."""
-        with self._tenant(owner.tenant) as cur:
-            cur.execute("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
-                        " VALUES (%s, %s, %s, %s, %s, %s)", (owner.tenant, owner.user, key, value, source, now))
-            cur.execute("INSERT INTO facts VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                        (owner.tenant, owner.user, key, value, source, now))
-            if cur.rowcount:
-                return Fact(key, value, source, now)
-            row = cur.execute("SELECT value, source, updated_at FROM facts WHERE tenant = %s AND user_id = %s"
-                              " AND key = %s FOR UPDATE", (owner.tenant, owner.user, key)).fetchone()
-            if row is not None and not replaces(row[1]):
-                return Fact(key, row[0], row[1], _utc(row[2]), outranked=FactChange(key, value, source, now))
-            cur.execute("UPDATE facts SET value = %s, source = %s, updated_at = %s"
-                        " WHERE tenant = %s AND user_id = %s AND key = %s",
-                        (value, source, now, owner.tenant, owner.user, key))
-        return Fact(key, value, source, now)
+    # ------------------------------------------------------------ the memory half's share of erasure
+    def _remove_memories(self, db: Statements, where: str, params: tuple, whole_tenant: str | None
+                         ) -> tuple[int, set[str]]:
+        """The tsvectors and vectors live in the row: they go with it. Every memory of the owner goes, so no
+        context needs rewriting."""
+        return db.execute(f"DELETE FROM memories WHERE {where}", params).rowcount, set()
 
-    def facts(self, owner: Owner) -> list[Fact]:
-        with self._tenant(owner.tenant) as cur:
-            rows = cur.execute("SELECT key, value, source, updated_at FROM facts WHERE tenant = %s AND user_id = %s"
-                               " ORDER BY updated_at DESC, key", (owner.tenant, owner.user)).fetchall()
-        return [Fact(r[0], r[1], r[2], _utc(r[3])) for r in rows]
+    def _purge_memories(self, db: Statements, now: datetime) -> tuple[int, set[str]]:
+        gone = db.execute("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= %s"
+                          " RETURNING tenant, user_id, topic, pk", (now,)).fetchall()
+        self._recontext(db, gone)  # type: ignore[arg-type]  # the admin scope's psycopg cursor
+        return len(gone), set()
 
-    def fact_history(self, owner: Owner, key: str | None) -> list[FactChange]:
-        query = "SELECT key, value, source, set_at FROM fact_history WHERE tenant = %s AND user_id = %s"
-        params: tuple = (owner.tenant, owner.user)
-        if key is not None:
-            query += " AND key = %s"
-            params += (key,)
-        with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(query + " ORDER BY pk", params).fetchall()
-        return [FactChange(r[0], r[1], r[2], _utc(r[3])) for r in rows]
-
-    def delete_fact(self, owner: Owner, key: str) -> bool:
-        with self._tenant(owner.tenant) as cur:
-            cur.execute("DELETE FROM facts WHERE tenant = %s AND user_id = %s AND key = %s",
-                        (owner.tenant, owner.user, key))
-            deleted = cur.rowcount > 0
-            cur.execute("DELETE FROM fact_history WHERE tenant = %s AND user_id = %s AND key = %s",
-                        (owner.tenant, owner.user, key))
-            self._queue_scrub(cur, {"facts": int(deleted), "fact_history": cur.rowcount})
-        return deleted
-
-    def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
-        with self._tenant(owner.tenant) as cur:
-            if changes:
-                cur.executemany("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
-                                " VALUES (%s, %s, %s, %s, %s, %s)",
-                                [(owner.tenant, owner.user, c.key, c.value, c.source, c.set_at) for c in changes])
-            added = 0
-            for fact in facts:
-                cur.execute("INSERT INTO facts VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                            (owner.tenant, owner.user, fact.key, fact.value, fact.source, fact.updated_at))
-                added += cur.rowcount
-        return added
-
-    # ------------------------------------------------------------ messages
-    def add_message(self, owner: Owner, message: Message) -> Message:
-        with self._tenant(owner.tenant) as cur:
-            cur.execute("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                        (message.id, owner.tenant, owner.user, message.thread, message.role, message.content,
-                         message.created_at, message.expires_at))
-        return message
-
-    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
-                      now: datetime | None) -> list[Message]:
-        bound, anchor = _page_bound("messages", owner, after)
-        query = ("SELECT id, thread, role, content, created_at, expires_at FROM messages m"
-                 f" WHERE tenant = %s AND user_id = %s{bound}")
-        params: tuple = (owner.tenant, owner.user, *anchor)
-        if thread is not None:
-            query += " AND thread = %s"
-            params += (thread,)
-        if now is not None:
-            query += " AND (expires_at IS NULL OR expires_at > %s)"
-            params += (now,)
-        with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(query + " ORDER BY created_at DESC, pk DESC LIMIT %s",
-                               params + (min(limit, 2**62),)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], _utc(r[4]), _utc(r[5])) for r in rows]
-
-    def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
-        added = 0
-        with self._tenant(owner.tenant) as cur:
-            for m in messages:
-                cur.execute("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at,"
-                            " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                            (m.id, owner.tenant, owner.user, m.thread, m.role, m.content, m.created_at,
-                             m.expires_at))
-                added += cur.rowcount
-        return added
-
-    # ------------------------------------------------------------ erasure
-    def _erase(self, tenant: str, where: str, params: tuple) -> Erased:
-        with self._tenant(tenant) as cur:
-            counts = {}
-            for table in ("memories", "facts", "fact_history", "messages"):
-                cur.execute(f"DELETE FROM {table} WHERE {where}", params)
-                counts[table] = cur.rowcount
-            self._queue_scrub(cur, counts)
-        return Erased(*counts.values())
+    def _erasing(self, db: Statements, counts: dict[str, int]) -> None:
+        self._queue_scrub(db, counts)  # type: ignore[arg-type]  # a psycopg cursor
 
     def _queue_scrub(self, cur: psycopg.Cursor, erased: dict[str, int]) -> None:
         """Queue the tables that lost rows for the scrub, in the erasing transaction, and wake the upkeep thread
@@ -901,81 +815,6 @@ class PostgresStore(Store):
             return self._upkeep.scrub(full)
         except psycopg.Error as exc:
             raise _translate(exc, self._hint) from exc
-
-    def erase_user(self, owner: Owner) -> Erased:
-        return self._erase(owner.tenant, "tenant = %s AND user_id = %s", (owner.tenant, owner.user))
-
-    def erase_tenant(self, tenant: str) -> Erased:
-        return self._erase(tenant, "tenant = %s", (tenant,))
-
-    def purge_expired(self, now: datetime) -> Erased:
-        with self._admin() as cur:
-            gone = cur.execute("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= %s"
-                               " RETURNING tenant, user_id, topic, pk", (now,)).fetchall()
-            self._recontext(cur, gone)
-            cur.execute("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= %s", (now,))
-            erased = Erased(memories=len(gone), messages=cur.rowcount)
-            self._queue_scrub(cur, {"memories": erased.memories, "messages": erased.messages})
-        return erased
-
-    # ------------------------------------------------------------ API keys
-    def add_key(self, key: ApiKey, secret_hash: str) -> None:
-        with self._admin() as cur:
-            cur.execute("INSERT INTO api_keys VALUES (%s, %s, %s, %s, %s, NULL)",
-                        (key.id, key.tenant, key.name, secret_hash, key.created_at))
-
-    def key_by_hash(self, secret_hash: str) -> ApiKey | None:
-        with self._admin() as cur:
-            row = cur.execute("SELECT id, tenant, name, created_at, revoked_at FROM api_keys"
-                              " WHERE secret_hash = %s AND revoked_at IS NULL", (secret_hash,)).fetchone()
-        return None if row is None else _key(row)
-
-    def list_keys(self, tenant: str | None) -> list[ApiKey]:
-        query = "SELECT id, tenant, name, created_at, revoked_at FROM api_keys"
-        with self._admin() as cur:
-            rows = cur.execute(query + (" WHERE tenant = %s" if tenant is not None else "")
-                               + " ORDER BY created_at, id", (tenant,) if tenant is not None else ()).fetchall()
-        return [_key(r) for r in rows]
-
-    def api_keys(self) -> list[tuple[ApiKey, str]]:
-        """Every key (revoked ones too) with its secret hash, for copying keys between backends."""
-        with self._admin() as cur:
-            rows = cur.execute("SELECT id, tenant, name, created_at, revoked_at, secret_hash FROM api_keys"
-                               " ORDER BY created_at, id").fetchall()
-        return [(_key(r), r[5]) for r in rows]
-
-    def revoke_key(self, key_id: str, now: datetime) -> bool:
-        with self._admin() as cur:
-            cur.execute("UPDATE api_keys SET revoked_at = %s WHERE id = %s AND revoked_at IS NULL", (now, key_id))
-            return cur.rowcount > 0
-
-    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
-        with self._admin() as cur:
-            cur.execute("UPDATE api_keys SET revoked_at = %s WHERE tenant = %s AND revoked_at IS NULL", (now, tenant))
-            return cur.rowcount
-
-    def owners(self) -> list[Owner]:
-        with self._admin() as cur:
-            rows = cur.execute("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"
-                               " UNION SELECT tenant, user_id FROM fact_history"
-                               " UNION SELECT tenant, user_id FROM messages ORDER BY 1, 2").fetchall()
-        return [Owner(r[0], r[1]) for r in rows]
-
-    def stats(self) -> dict[str, int]:
-        with self._admin() as cur:
-            row = cur.execute("SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM facts),"
-                              " (SELECT count(*) FROM messages)").fetchone()
-        return {"memories": row[0], "facts": row[1], "messages": row[2]}
-
-
-def _page_bound(table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
-    """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or the
-    same instant and a lower row key than the record `after` names (every row of that instant if it is gone)."""
-    if after is None:
-        return "", ()
-    return (f" AND (m.created_at < %s OR (m.created_at = %s AND m.pk < coalesce((SELECT a.pk FROM {table} a"
-            " WHERE a.tenant = %s AND a.user_id = %s AND a.id = %s), 9223372036854775807)))",
-            (after.created_at, after.created_at, owner.tenant, owner.user, after.id))
 
 
 def _redigest(conn: psycopg.Connection) -> None:

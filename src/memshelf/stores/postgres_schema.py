@@ -10,6 +10,10 @@ four words and `foo_bar` two, as in FTS5; PostgreSQL's parser alone would keep h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from .tables import walled_tables
+
 WHITESPACE_DIGESTS = "m007_whitespace_digests"
 """The migration after whose SQL stores/postgres.py recomputes every digest (stores.base.digest), in Python."""
 
@@ -22,7 +26,13 @@ APP_ROLE = "memshelf_app"
 ADMIN_ROLE = "memshelf_admin"
 """The role admin transactions run as (backfill, purge, owners, API keys): a policy lets it see every tenant."""
 
-OWNER_TABLES = ("memories", "facts", "fact_history", "messages", "api_keys")
+OWNER_TABLES = walled_tables()
+"""Every table the registry (tables.py) walls with row-level security: what the tests check, table by table."""
+
+_FIRST_WALLED = ("memories", "facts", "fact_history", "messages", "api_keys")
+"""The owner tables of m001, frozen: m002, m005 and m006 say what they did to these and only these, whatever the
+registry lists later (an applied migration never changes). A table added later is walled by its own migration,
+with tenant_wall()."""
 
 _TENANT_WALL = "\n".join(f"""
 ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
@@ -32,7 +42,7 @@ CREATE POLICY memshelf_tenant ON {table}
     WITH CHECK (tenant = current_setting('memshelf.tenant', true));
 CREATE POLICY memshelf_admin ON {table} TO {ADMIN_ROLE} USING (true) WITH CHECK (true);
 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {APP_ROLE}, {ADMIN_ROLE};
-""" for table in OWNER_TABLES)
+""" for table in _FIRST_WALLED)
 
 _ADMIN_ONLY_AS_ADMIN = "\n".join(f"""
 ALTER POLICY memshelf_tenant ON {table}
@@ -40,7 +50,31 @@ ALTER POLICY memshelf_tenant ON {table}
     WITH CHECK (tenant = nullif(current_setting('memshelf.tenant', true), ''));
 ALTER POLICY memshelf_admin ON {table}
     USING (current_user = '{ADMIN_ROLE}') WITH CHECK (current_user = '{ADMIN_ROLE}');
-""" for table in OWNER_TABLES)
+""" for table in _FIRST_WALLED)
+
+
+def tenant_wall(tables: Sequence[str]) -> str:
+    """The wall every owner table has, for tables a later migration creates (pass their names, never the registry,
+    so the migration's SQL stays what it was when applied): row-level security enabled and forced, the tenant policy
+    and the admin policy as they stand since m005, and the grants to both roles."""
+    return "\n".join(f"""
+ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
+CREATE POLICY memshelf_tenant ON {table}
+    USING (tenant = nullif(current_setting('memshelf.tenant', true), ''))
+    WITH CHECK (tenant = nullif(current_setting('memshelf.tenant', true), ''));
+CREATE POLICY memshelf_admin ON {table}
+    USING (current_user = '{ADMIN_ROLE}') WITH CHECK (current_user = '{ADMIN_ROLE}');
+GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {APP_ROLE}, {ADMIN_ROLE};
+""" for table in tables)
+
+
+def scrub_relations(tables: Sequence[str]) -> str:
+    """Let memshelf_scrub queue erasures of these tables (every one an erasure may touch, the first five included):
+    the CHECK of m006 names its tables one by one. Pass the names, as for tenant_wall."""
+    listed = ", ".join(f"'{table}'" for table in tables)
+    return (f"ALTER TABLE memshelf_scrub DROP CONSTRAINT memshelf_scrub_relation_check,"
+            f" ADD CONSTRAINT memshelf_scrub_relation_check CHECK (relation IN ({listed}));")
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", """
@@ -178,7 +212,7 @@ CREATE INDEX memories_owner_topic ON memories (tenant, user_id, topic, pk);
     ("m006_scrub_queue", f"""
 CREATE TABLE memshelf_scrub (
     pk        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    relation  text NOT NULL CHECK (relation IN ({", ".join(f"'{t}'" for t in OWNER_TABLES)})),
+    relation  text NOT NULL CHECK (relation IN ({", ".join(f"'{t}'" for t in _FIRST_WALLED)})),
     erased_at timestamptz NOT NULL DEFAULT now()
 );
 GRANT INSERT ON memshelf_scrub TO {APP_ROLE}, {ADMIN_ROLE};

@@ -7,7 +7,7 @@ import logging
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
@@ -17,10 +17,11 @@ from typing import overload
 import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
-from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
+from ..model import Memory, NewMemory, Owner
 from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
-                   register_store)
+from .base import Pending, Position, Scored, digest, observe_again, register_store
+from .sql_records import (MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns,
+                          memory_from_row)
 from .sqlite_fts import TenantIndexes
 from .sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
@@ -51,14 +52,8 @@ def parse_ts(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)  # reads the "...Z" form (Python >= 3.11)
 
 
-_MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
-                   "m.last_seen, m.observations, m.embed_model")
-
-
 def _memory(row: Sequence) -> Memory:
-    return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
-                  created_at=parse_ts(row[5]), expires_at=parse_ts(row[6]), last_seen=parse_ts(row[7]),
-                  observations=row[8], embed_model=row[9])
+    return memory_from_row(row, parse_ts)
 
 
 _BAD_DATA = {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE}
@@ -122,8 +117,22 @@ class _OwnerVectors:
     matrix: VectorMatrix
 
 
-class SQLiteStore(Store):
+class _Statements:
+    """Where the records half runs statements on SQLite: the thread's connection, errors translated."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Callable[[str, Sequence], sqlite3.Cursor]) -> None:
+        self._run = run
+
+    def execute(self, query: str, params: Sequence = ()) -> sqlite3.Cursor:
+        return self._run(query, params)
+
+
+class SQLiteStore(SQLRecords):
     """One file (or ':memory:'), one connection per thread, WAL so several processes can share the file."""
+
+    DERIVED_TABLES = ("owner_generation",)
 
     def __init__(self, path: str, vector_cache_mb: float | None = None, *,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
@@ -150,6 +159,7 @@ class SQLiteStore(Store):
         self._scrub_tried = 0.0  # time.monotonic() of the last try
         self._keepalive = self._connection()  # holds a shared in-memory database open
         self._fts = TenantIndexes(self._q)
+        self._statements = _Statements(self._q)
         self._migrate()
 
     # connections and transactions
@@ -238,6 +248,25 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
+    # the records half's dialect (sql_records.py)
+    def _time_in(self, value: datetime | None) -> str | None:
+        return ts(value)
+
+    def _time_out(self, value: str | None) -> datetime | None:
+        return parse_ts(value)
+
+    @contextmanager
+    def _owner_scope(self, tenant: str, write: bool = True) -> Iterator[Statements]:
+        """Writes in a transaction; reads outside one, so they never wait for the write lock."""
+        if not write:
+            yield self._statements
+            return
+        with self.atomic():
+            yield self._statements
+
+    def _admin_scope(self, write: bool = True) -> AbstractContextManager[Statements]:
+        return self._owner_scope("", write)
+
     @property
     def scrub_pending(self) -> bool:
         return self._scrub_pending
@@ -287,7 +316,7 @@ class SQLiteStore(Store):
             for item in items:
                 key = digest(item.topic, item.content)
                 row = self._q(
-                    f"SELECT m.pk, {_MEMORY_COLUMNS} FROM memories m "
+                    f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
                     "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
                     (owner.tenant, owner.user, key)).fetchone()
                 if row is None:
@@ -302,7 +331,7 @@ class SQLiteStore(Store):
                     self._fts.add(owner.tenant, cur.lastrowid or 0, item.topic, item.content, tag, context)
                 else:
                     self._observe_again(row, item, now)
-                got = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+                got = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m "
                               "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
                               (owner.tenant, owner.user, key)).fetchone()
                 stored.append(_memory(got))
@@ -311,11 +340,9 @@ class SQLiteStore(Store):
     def _context(self, owner: Owner, topic: str, before: int | None) -> str:
         """The text of the CONTEXT_TURNS memories stored just before pk `before` (None: the newest) by the same
         owner under the same topic: what the conversation was about when this memory was said."""
-        rows = self._q("SELECT content FROM memories WHERE tenant = ? AND user_id = ? AND topic = ? AND pk < ?"
-                       " ORDER BY pk DESC LIMIT ?",
-                       (owner.tenant, owner.user, topic, 2**62 if before is None else before,
-                        CONTEXT_TURNS)).fetchall()
-        return "\n".join(r[0] for r in reversed(rows))
+        rows = self._q(earlier_turns("?", "?", "?", "?"),
+                       (owner.tenant, owner.user, topic, 2**62 if before is None else before)).fetchall()
+        return "\n".join(r[1] for r in reversed(rows))
 
     def _doomed(self, where: str, params: tuple) -> list[tuple]:
         """The rows a delete is about to remove, with what their full-text entries need: (tenant, pk, topic,
@@ -337,9 +364,8 @@ class SQLiteStore(Store):
         done: set[int] = set()
         for tenant, pk, topic, _content, _tag, _context, user in gone:
             owner = Owner(tenant, user)
-            followers = self._q("SELECT pk, content, owner_tag, context FROM memories WHERE tenant = ? AND user_id = ?"
-                                " AND topic = ? AND pk > ? ORDER BY pk LIMIT ?",
-                                (tenant, user, topic, pk, CONTEXT_TURNS)).fetchall()
+            followers = self._q(later_turns("n.pk, n.content, n.owner_tag, n.context", "?", "?", "?", "?"),
+                                (tenant, user, topic, pk)).fetchall()
             for follower, content, tag, old in followers:
                 if follower in done:
                     continue
@@ -375,7 +401,7 @@ class SQLiteStore(Store):
         return added
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
-        row = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ? AND m.id = ?"
+        row = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ? AND m.id = ?"
                       " AND (m.expires_at IS NULL OR m.expires_at > ?)",
                       (owner.tenant, owner.user, memory_id, ts(now))).fetchone()
         return None if row is None else _memory(row)
@@ -389,14 +415,14 @@ class SQLiteStore(Store):
         return deleted > 0
 
     def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
-        bound, params = _page_bound("memories", owner, after)
-        rows = self._q(f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
+        bound, params = self._page_bound("memories", owner, after)
+        rows = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
                        " AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
                        (owner.tenant, owner.user, *params, ts(now), limit)).fetchall()
         return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
-        sql = (f"SELECT {_MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
+        sql = (f"SELECT {MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
                + ("" if now is None else " AND (m.expires_at IS NULL OR m.expires_at > ?)")
                + " ORDER BY m.pk")
         params = (owner.tenant, owner.user) + (() if now is None else (ts(now),))
@@ -420,7 +446,7 @@ class SQLiteStore(Store):
         narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
         query = fts_query(terms, owner if narrow else None, with_context=not by_confidence)
         rows = self._q(
-            f"SELECT {_MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
+            f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
             f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
             f" WHERE {table} MATCH ? AND m.tenant = ? AND m.user_id = ?"
             " AND (m.expires_at IS NULL OR m.expires_at > ?)"
@@ -454,7 +480,7 @@ class SQLiteStore(Store):
         keys = [int(matrix.keys[i]) for i, _ in picks]
         marks = ",".join("?" * len(keys))
         rows = {r[10]: r for r in self._q(
-            f"SELECT {_MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
+            f"SELECT {MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
             " AND +m.tenant = ? AND +m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)",
             (*keys, owner.tenant, owner.user, ts(now))).fetchall()}  # unary +: look rows up by pk, not owner index
         return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
@@ -513,124 +539,22 @@ class SQLiteStore(Store):
             for key, blob in rows:
                 self._q("UPDATE memories SET embedding = ?, embed_model = ? WHERE pk = ?", (blob, model, key))
 
-    # facts
-    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
-                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
-        with self.atomic():
-            self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at) VALUES (?, ?, ?, ?, ?, ?)",
-                    (owner.tenant, owner.user, key, value, source, ts(now)))
-            row = self._q("SELECT value, source, updated_at FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
-                          (owner.tenant, owner.user, key)).fetchone()
-            if row is not None and not replaces(row[1]):
-                return Fact(key, row[0], row[1], parse_ts(row[2]), outranked=FactChange(key, value, source, now))
-            self._q("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id, key)"
-                    " DO UPDATE SET value = excluded.value, source = excluded.source, updated_at = excluded.updated_at",
-                    (owner.tenant, owner.user, key, value, source, ts(now)))
-        return Fact(key, value, source, now)
+    # the memory half's share of erasure (sql_records.py runs the rest)
+    def _remove_memories(self, db: Statements, where: str, params: tuple, whole_tenant: str | None
+                         ) -> tuple[int, set[str]]:
+        if whole_tenant is not None:  # the whole tenant goes: its full-text tables go with it
+            self._fts.drop(whole_tenant)
+            return self._q(f"DELETE FROM memories WHERE {where}", params).rowcount, set()
+        # no recontext: every memory of the owner goes, and contexts never cross owners
+        return self._forget_rows(where, params, recontext=False)
 
-    def facts(self, owner: Owner) -> list[Fact]:
-        rows = self._q("SELECT key, value, source, updated_at FROM facts WHERE tenant = ? AND user_id = ?"
-                       " ORDER BY updated_at DESC, key", (owner.tenant, owner.user)).fetchall()
-        return [Fact(r[0], r[1], r[2], parse_ts(r[3])) for r in rows]
+    def _purge_memories(self, db: Statements, now: datetime) -> tuple[int, set[str]]:
+        return self._forget_rows("expires_at IS NOT NULL AND expires_at <= ?", (ts(now),), recontext=True)
 
-    def fact_history(self, owner: Owner, key: str | None) -> list[FactChange]:
-        sql = "SELECT key, value, source, set_at FROM fact_history WHERE tenant = ? AND user_id = ?"
-        params: tuple = (owner.tenant, owner.user)
-        if key is not None:
-            sql += " AND key = ?"
-            params += (key,)
-        rows = self._q(sql + " ORDER BY pk", params).fetchall()
-        return [FactChange(r[0], r[1], r[2], parse_ts(r[3])) for r in rows]
-
-    def delete_fact(self, owner: Owner, key: str) -> bool:
-        with self.atomic():
-            current = self._q("DELETE FROM facts WHERE tenant = ? AND user_id = ? AND key = ?",
-                              (owner.tenant, owner.user, key)).rowcount
-            history = self._q("DELETE FROM fact_history WHERE tenant = ? AND user_id = ? AND key = ?",
-                              (owner.tenant, owner.user, key)).rowcount
-        if current or history:
-            self._scrub(set())  # the key and its values leave the WAL and the file too
-        return current > 0
-
-    def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
-        with self.atomic():
-            for change in changes:
-                self._q("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        (owner.tenant, owner.user, change.key, change.value, change.source, ts(change.set_at)))
-            added = 0
-            for fact in facts:
-                cur = self._q("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                              (owner.tenant, owner.user, fact.key, fact.value, fact.source, ts(fact.updated_at)))
-                added += cur.rowcount
-        return added
-
-    # messages
-    def add_message(self, owner: Owner, message: Message) -> Message:
-        with self.atomic():
-            self._q("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (message.id, owner.tenant, owner.user, message.thread, message.role, message.content,
-                     ts(message.created_at), ts(message.expires_at)))
-        return message
-
-    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
-                      now: datetime | None) -> list[Message]:
-        bound, anchor = _page_bound("messages", owner, after)
-        sql = "SELECT id, thread, role, content, created_at, expires_at FROM messages m" \
-              f" WHERE tenant = ? AND user_id = ?{bound}"
-        params: tuple = (owner.tenant, owner.user, *anchor)
-        if thread is not None:  # spelled out, not `? IS NULL OR ...`, so the thread index stays usable
-            sql += " AND thread = ?"
-            params += (thread,)
-        if now is not None:
-            sql += " AND (expires_at IS NULL OR expires_at > ?)"
-            params += (ts(now),)
-        rows = self._q(sql + " ORDER BY created_at DESC, pk DESC LIMIT ?", params + (min(limit, 2**62),)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], parse_ts(r[4]), parse_ts(r[5])) for r in rows]
-
-    def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
-        added = 0
-        with self.atomic():
-            for m in messages:
-                cur = self._q("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at,"
-                              " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                              (m.id, owner.tenant, owner.user, m.thread, m.role, m.content, ts(m.created_at),
-                               ts(m.expires_at)))
-                added += cur.rowcount
-        return added
-
-    # erasure
-    def _erase(self, where: str, params: tuple, drop_tenant: str | None = None) -> Erased:
-        touched: set[str] = set()
-        with self.atomic():
-            if drop_tenant is not None:  # the whole tenant goes: its full-text tables go with it
-                self._fts.drop(drop_tenant)
-                memories = self._q(f"DELETE FROM memories WHERE {where}", params).rowcount
-            else:  # no recontext: every memory of the owner goes, and contexts never cross owners
-                memories, touched = self._forget_rows(where, params, recontext=False)
-            facts = self._q(f"DELETE FROM facts WHERE {where}", params).rowcount
-            fact_changes = self._q(f"DELETE FROM fact_history WHERE {where}", params).rowcount
-            messages = self._q(f"DELETE FROM messages WHERE {where}", params).rowcount
-            self._q(f"DELETE FROM owner_generation WHERE {where}", params)
-        self._vectors.clear()
-        return Erased(memories, facts, fact_changes, messages, scrub_pending=self._scrub(touched))
-
-    def erase_user(self, owner: Owner) -> Erased:
-        return self._erase("tenant = ? AND user_id = ?", (owner.tenant, owner.user))
-
-    def erase_tenant(self, tenant: str) -> Erased:
-        return self._erase("tenant = ?", (tenant,), drop_tenant=tenant)
-
-    def purge_expired(self, now: datetime) -> Erased:
-        stamp = ts(now)
-        with self.atomic():
-            memories, touched = self._forget_rows("expires_at IS NOT NULL AND expires_at <= ?", (stamp,),
-                                                  recontext=True)
-            messages = self._q("DELETE FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                               (stamp,)).rowcount
-        pending = self._scrub(touched) if memories or messages else self._scrub_pending
-        return Erased(memories=memories, messages=messages, scrub_pending=pending)
+    def _erased(self, counts: dict[str, int], touched: set[str], whole_owner: bool) -> bool:
+        if whole_owner:
+            self._vectors.clear()
+        return self._scrub(touched)
 
     def _scrub(self, tenants: set[str]) -> bool:
         """Leave no copy of erased text behind: merge the touched tenants' full-text indexes (dropping deleted
@@ -663,63 +587,6 @@ class SQLiteStore(Store):
             self._run(conn, f"PRAGMA busy_timeout = {self._busy_ms}")
         self._scrub_pending = not done
         return done
-
-    # API keys
-    def add_key(self, key: ApiKey, secret_hash: str) -> None:
-        with self.atomic():
-            self._q("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)",
-                    (key.id, key.tenant, key.name, secret_hash, ts(key.created_at)))
-
-    def key_by_hash(self, secret_hash: str) -> ApiKey | None:
-        row = self._q("SELECT id, tenant, name, created_at, revoked_at FROM api_keys"
-                      " WHERE secret_hash = ? AND revoked_at IS NULL", (secret_hash,)).fetchone()
-        return None if row is None else ApiKey(row[0], row[1], row[2], parse_ts(row[3]), parse_ts(row[4]))
-
-    def list_keys(self, tenant: str | None) -> list[ApiKey]:
-        sql = "SELECT id, tenant, name, created_at, revoked_at FROM api_keys"
-        rows = self._q(sql + (" WHERE tenant = ?" if tenant is not None else "") + " ORDER BY created_at, id",
-                       (tenant,) if tenant is not None else ()).fetchall()
-        return [ApiKey(r[0], r[1], r[2], parse_ts(r[3]), parse_ts(r[4])) for r in rows]
-
-    def api_keys(self) -> list[tuple[ApiKey, str]]:
-        rows = self._q("SELECT id, tenant, name, created_at, revoked_at, secret_hash FROM api_keys"
-                       " ORDER BY created_at, id").fetchall()
-        return [(ApiKey(r[0], r[1], r[2], parse_ts(r[3]), parse_ts(r[4])), r[5]) for r in rows]
-
-    def revoke_key(self, key_id: str, now: datetime) -> bool:
-        with self.atomic():
-            cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (ts(now), key_id))
-        return cur.rowcount > 0
-
-    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
-        with self.atomic():
-            cur = self._q("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
-                          (ts(now), tenant))
-        return cur.rowcount
-
-    def owners(self) -> list[Owner]:
-        rows = self._q("SELECT tenant, user_id FROM memories UNION SELECT tenant, user_id FROM facts"
-                       " UNION SELECT tenant, user_id FROM fact_history UNION SELECT tenant, user_id FROM messages"
-                       " ORDER BY 1, 2").fetchall()
-        return [Owner(r[0], r[1]) for r in rows]
-
-    def stats(self) -> dict[str, int]:
-        return {
-            "memories": self._q("SELECT count(*) FROM memories").fetchone()[0],
-            "facts": self._q("SELECT count(*) FROM facts").fetchone()[0],
-            "messages": self._q("SELECT count(*) FROM messages").fetchone()[0],
-        }
-
-
-def _page_bound(table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
-    """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or the
-    same instant and a lower row key than the record `after` names (every row of that instant if it is gone)."""
-    if after is None:
-        return "", ()
-    stamp = ts(after.created_at)
-    return (f" AND (m.created_at < ? OR (m.created_at = ? AND m.pk < coalesce((SELECT a.pk FROM {table} a"
-            " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 9223372036854775807)))",
-            (stamp, stamp, owner.tenant, owner.user, after.id))
 
 
 def _redigest(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,330 @@
+"""The records half of a SQL store, written once for every SQL backend: facts and their history, messages, API
+keys, message pages, and the registry-driven (tables.py) erasure, purge, owner listing and stats.
+
+A backend supplies a small dialect (SQLRecords' abstract members):
+
+- how a statement's parameters are marked (PARAM: `?` for SQLite, `%s` for psycopg); statements here are written
+  with `?` and rewritten once by _sql;
+- how a time goes in and comes out (_time_in, _time_out): SQLite keeps fixed-width UTC text, PostgreSQL timestamptz;
+- where statements run: _owner_scope(tenant), a transaction seeing the owner's tenant (SQLite: atomic() on the
+  thread's connection; PostgreSQL: memshelf_app with row-level security set to the tenant), and _admin_scope(), one
+  seeing every tenant (PostgreSQL: memshelf_admin). Both yield something with execute(sql, params) that returns a
+  cursor with rowcount, fetchone and fetchall, translating the driver's errors into memshelf's;
+- LOCK_ROW, what makes a SELECT lock the row it reads until the transaction ends (PostgreSQL's FOR UPDATE; empty on
+  SQLite, whose write transactions already hold the file's write lock);
+- its memory-and-search half's share of erasure (_remove_memories, _purge_memories) and what erasure leaves to do
+  (_erasing inside the transaction: PostgreSQL queues the tables for its scrub; _erased after it commits: SQLite
+  merges full-text indexes and checkpoints its WAL).
+
+What stays per backend is what the two dialects cannot say alike: the memories table's indexes (FTS5 tables per
+tenant and an in-process vector matrix on SQLite; tsvector, pgvector and HNSW on PostgreSQL), and the conversation
+context, which SQLite keeps as text in a full-text column and PostgreSQL as a tsvector built in SQL
+(`earlier_turns` is the selection both share).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Sequence
+
+from ..model import Fact, FactChange, Memory, Message, Owner
+from .base import CONTEXT_TURNS, ApiKey, Erased, Position, Store
+from .tables import OWNER_TABLES, expiring_record_tables, owner_listing_sql, record_tables, stats_sql
+
+
+class Rows(Protocol):
+    """What a statement returns: a DB-API cursor (sqlite3's or psycopg's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> Sequence[Any]: ...
+
+
+class Statements(Protocol):
+    """Where the records half runs its statements: execute(sql, params) -> the cursor."""
+
+    def execute(self, query: Any, params: Any = ...) -> Rows: ...
+
+
+MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
+                  "m.last_seen, m.observations, m.embed_model")
+"""The columns a Memory is read from (table alias m), in memory_from_row's order."""
+
+
+def memory_from_row(row: Sequence, time_out: Callable[[Any], datetime | None]) -> Memory:
+    """A Memory from the first ten columns of a row selected with MEMORY_COLUMNS."""
+    return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
+                  created_at=time_out(row[5]), expires_at=time_out(row[6]),  # type: ignore[arg-type]
+                  last_seen=time_out(row[7]), observations=row[8], embed_model=row[9])
+
+
+def earlier_turns(tenant: str, user: str, topic: str, before: str | None, alias: str = "p") -> str:
+    """SQL selecting (pk, content) of the CONTEXT_TURNS memories of (tenant, user, topic) with pk below `before`
+    (None: all), newest first: the turns a memory's conversation context is made of (the arguments are SQL: a
+    placeholder or a column). Oldest first they make the context's text, which each backend keeps its own way."""
+    bound = "" if before is None else f" AND {alias}.pk < {before}"
+    return (f"SELECT {alias}.pk, {alias}.content FROM memories {alias} WHERE {alias}.tenant = {tenant}"
+            f" AND {alias}.user_id = {user} AND {alias}.topic = {topic}{bound}"
+            f" ORDER BY {alias}.pk DESC LIMIT {CONTEXT_TURNS}")
+
+
+def later_turns(columns: str, tenant: str, user: str, topic: str, after: str, alias: str = "n") -> str:
+    """SQL selecting `columns` of the CONTEXT_TURNS memories of (tenant, user, topic) with pk above `after`, oldest
+    first: the memories whose context a deleted memory (pk `after`) was part of, and which must be rewritten."""
+    return (f"SELECT {columns} FROM memories {alias} WHERE {alias}.tenant = {tenant} AND {alias}.user_id = {user}"
+            f" AND {alias}.topic = {topic} AND {alias}.pk > {after} ORDER BY {alias}.pk LIMIT {CONTEXT_TURNS}")
+
+
+def erased_from(counts: dict[str, int], scrub_pending: bool = False) -> Erased:
+    """An Erased from rows removed by table name, each counted as its registry entry says."""
+    fields = {t.counted_as: counts.get(t.name, 0) for t in OWNER_TABLES if t.counted_as}
+    return Erased(**fields, scrub_pending=scrub_pending)
+
+
+_USER = "tenant = ? AND user_id = ?"
+_KEY_COLUMNS = "id, tenant, name, created_at, revoked_at"
+_FACT_HISTORY_INSERT = ("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?)")
+_MESSAGE_INSERT = ("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+class SQLRecords(Store):
+    """Facts, messages, API keys and the admin verbs over any SQL dialect; subclasses write the memory half."""
+
+    PARAM: ClassVar[str] = "?"
+    """How the driver marks a parameter."""
+    LOCK_ROW: ClassVar[str] = ""
+    """Appended to a SELECT that must lock the row it reads until the transaction ends."""
+    DERIVED_TABLES: ClassVar[tuple[str, ...]] = ()
+    """Per-owner tables the backend derives from the registry's (not exported, not copied), erased with their
+    owner: e.g. SQLite's owner_generation counters."""
+
+    # ------------------------------------------------------------ the dialect
+    @abstractmethod
+    def _time_in(self, value: datetime | None) -> Any:
+        """A time as the driver stores it."""
+
+    @abstractmethod
+    def _time_out(self, value: Any) -> Any:
+        """A stored time (or NULL) as an aware UTC datetime (or None)."""
+
+    @abstractmethod
+    def _owner_scope(self, tenant: str, write: bool = True) -> AbstractContextManager[Statements]:
+        """Where statements on the tenant's rows run: a transaction when `write` (a backend may run reads outside
+        one, as SQLite does so that a read never waits for the file's write lock)."""
+
+    @abstractmethod
+    def _admin_scope(self, write: bool = True) -> AbstractContextManager[Statements]:
+        """Where statements on every tenant's rows run, as _owner_scope."""
+
+    @abstractmethod
+    def _remove_memories(self, db: Statements, where: str, params: tuple, whole_tenant: str | None
+                         ) -> tuple[int, set[str]]:
+        """Delete the memories `where` selects (an owner or, with whole_tenant, a tenant), with everything the
+        backend keeps of them; returns (how many, the tenants whose search indexes still hold erased text)."""
+
+    @abstractmethod
+    def _purge_memories(self, db: Statements, now: datetime) -> tuple[int, set[str]]:
+        """Delete the memories expired at `now`, as _remove_memories, keeping later memories' context right."""
+
+    def _erasing(self, db: Statements, counts: dict[str, int]) -> None:
+        """Inside the erasing transaction, with rows removed by table name."""
+
+    def _erased(self, counts: dict[str, int], touched: set[str], whole_owner: bool) -> bool:
+        """After the erasing transaction committed: finish the scrub; returns whether text may still be on disk.
+        whole_owner: every record of an owner or tenant went (erase_user, erase_tenant)."""
+        return False
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.PARAM == "?" else statement.replace("?", self.PARAM)
+
+    def _page_bound(self, table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
+        """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or
+        the same instant and a lower row key than the record `after` names (every row of that instant if it is
+        gone). Already in the dialect's placeholders."""
+        if after is None:
+            return "", ()
+        stamp = self._time_in(after.created_at)
+        return (self._sql(f" AND (m.created_at < ? OR (m.created_at = ? AND m.pk < coalesce((SELECT a.pk FROM {table} a"
+                          " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 9223372036854775807)))"),
+                (stamp, stamp, owner.tenant, owner.user, after.id))
+
+    # ------------------------------------------------------------ facts
+    def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
+                 replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
+        """Insert the fact, or lock its current row and replace it only if `replaces` allows, so two concurrent
+        writers cannot both decide against a value neither of them saw."""
+        at = self._time_in(now)
+        with self._owner_scope(owner.tenant) as db:
+            db.execute(self._sql(_FACT_HISTORY_INSERT), (owner.tenant, owner.user, key, value, source, at))
+            if db.execute(self._sql("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+                          (owner.tenant, owner.user, key, value, source, at)).rowcount:
+                return Fact(key, value, source, now)
+            row = db.execute(self._sql(f"SELECT value, source, updated_at FROM facts WHERE {_USER} AND key = ?"
+                                       + self.LOCK_ROW), (owner.tenant, owner.user, key)).fetchone()
+            if row is not None and not replaces(row[1]):
+                return Fact(key, row[0], row[1], self._time_out(row[2]), outranked=FactChange(key, value, source, now))
+            db.execute(self._sql(f"UPDATE facts SET value = ?, source = ?, updated_at = ? WHERE {_USER} AND key = ?"),
+                       (value, source, at, owner.tenant, owner.user, key))
+        return Fact(key, value, source, now)
+
+    def facts(self, owner: Owner) -> list[Fact]:
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(self._sql(f"SELECT key, value, source, updated_at FROM facts WHERE {_USER}"
+                                        " ORDER BY updated_at DESC, key"), (owner.tenant, owner.user)).fetchall()
+        return [Fact(r[0], r[1], r[2], self._time_out(r[3])) for r in rows]
+
+    def fact_history(self, owner: Owner, key: str | None) -> list[FactChange]:
+        query = f"SELECT key, value, source, set_at FROM fact_history WHERE {_USER}"
+        params: tuple = (owner.tenant, owner.user)
+        if key is not None:
+            query += " AND key = ?"
+            params += (key,)
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(self._sql(query + " ORDER BY pk"), params).fetchall()
+        return [FactChange(r[0], r[1], r[2], self._time_out(r[3])) for r in rows]
+
+    def delete_fact(self, owner: Owner, key: str) -> bool:
+        where = self._sql(f"WHERE {_USER} AND key = ?")
+        with self._owner_scope(owner.tenant) as db:
+            counts = {table: db.execute(f"DELETE FROM {table} {where}", (owner.tenant, owner.user, key)).rowcount
+                      for table in ("facts", "fact_history")}
+            self._erasing(db, counts)
+        if any(counts.values()):
+            self._erased(counts, set(), whole_owner=False)  # the key and its values leave the files too
+        return counts["facts"] > 0
+
+    def import_facts(self, owner: Owner, facts: Sequence[Fact], changes: Sequence[FactChange]) -> int:
+        added = 0
+        with self._owner_scope(owner.tenant) as db:
+            for change in changes:
+                db.execute(self._sql(_FACT_HISTORY_INSERT), (owner.tenant, owner.user, change.key, change.value,
+                                                             change.source, self._time_in(change.set_at)))
+            for fact in facts:
+                added += db.execute(self._sql("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+                                    (owner.tenant, owner.user, fact.key, fact.value, fact.source,
+                                     self._time_in(fact.updated_at))).rowcount
+        return added
+
+    # ------------------------------------------------------------ messages
+    def _message_values(self, owner: Owner, m: Message) -> tuple:
+        return (m.id, owner.tenant, owner.user, m.thread, m.role, m.content, self._time_in(m.created_at),
+                self._time_in(m.expires_at))
+
+    def add_message(self, owner: Owner, message: Message) -> Message:
+        with self._owner_scope(owner.tenant) as db:
+            db.execute(self._sql(_MESSAGE_INSERT), self._message_values(owner, message))
+        return message
+
+    def page_messages(self, owner: Owner, thread: str | None, after: Position | None, limit: int,
+                      now: datetime | None) -> list[Message]:
+        bound, anchor = self._page_bound("messages", owner, after)
+        query = self._sql(f"SELECT id, thread, role, content, created_at, expires_at FROM messages m WHERE {_USER}")
+        params: tuple = (owner.tenant, owner.user, *anchor)
+        query += bound
+        if thread is not None:  # spelled out, not `? IS NULL OR ...`, so the thread index stays usable
+            query += self._sql(" AND thread = ?")
+            params += (thread,)
+        if now is not None:
+            query += self._sql(" AND (expires_at IS NULL OR expires_at > ?)")
+            params += (self._time_in(now),)
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(query + self._sql(" ORDER BY created_at DESC, pk DESC LIMIT ?"),
+                              params + (min(limit, 2**62),)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], self._time_out(r[4]), self._time_out(r[5])) for r in rows]
+
+    def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int:
+        added = 0
+        with self._owner_scope(owner.tenant) as db:
+            for m in messages:
+                added += db.execute(self._sql(_MESSAGE_INSERT + " ON CONFLICT DO NOTHING"),
+                                    self._message_values(owner, m)).rowcount
+        return added
+
+    # ------------------------------------------------------------ API keys (admin: a key names its tenant)
+    def _key(self, row: Sequence) -> ApiKey:
+        return ApiKey(row[0], row[1], row[2], self._time_out(row[3]), self._time_out(row[4]))
+
+    def add_key(self, key: ApiKey, secret_hash: str) -> None:
+        with self._admin_scope() as db:
+            db.execute(self._sql("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)"),
+                       (key.id, key.tenant, key.name, secret_hash, self._time_in(key.created_at)))
+
+    def key_by_hash(self, secret_hash: str) -> ApiKey | None:
+        with self._admin_scope(write=False) as db:
+            row = db.execute(self._sql(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?"
+                                       " AND revoked_at IS NULL"), (secret_hash,)).fetchone()
+        return None if row is None else self._key(row)
+
+    def list_keys(self, tenant: str | None) -> list[ApiKey]:
+        where = self._sql(" WHERE tenant = ?") if tenant is not None else ""
+        with self._admin_scope(write=False) as db:
+            rows = db.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys{where} ORDER BY created_at, id",
+                              (tenant,) if tenant is not None else ()).fetchall()
+        return [self._key(r) for r in rows]
+
+    def api_keys(self) -> list[tuple[ApiKey, str]]:
+        with self._admin_scope(write=False) as db:
+            rows = db.execute(f"SELECT {_KEY_COLUMNS}, secret_hash FROM api_keys ORDER BY created_at, id").fetchall()
+        return [(self._key(r), r[5]) for r in rows]
+
+    def revoke_key(self, key_id: str, now: datetime) -> bool:
+        with self._admin_scope() as db:
+            return db.execute(self._sql("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"),
+                              (self._time_in(now), key_id)).rowcount > 0
+
+    def revoke_tenant_keys(self, tenant: str, now: datetime) -> int:
+        with self._admin_scope() as db:
+            return db.execute(self._sql("UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL"),
+                              (self._time_in(now), tenant)).rowcount
+
+    # ------------------------------------------------------------ admin: erasure, purge, owners, stats
+    def erase_user(self, owner: Owner) -> Erased:
+        return self._erase(owner.tenant, _USER, (owner.tenant, owner.user), whole_tenant=None)
+
+    def erase_tenant(self, tenant: str) -> Erased:
+        return self._erase(tenant, "tenant = ?", (tenant,), whole_tenant=tenant)
+
+    def _erase(self, tenant: str, where: str, params: tuple, whole_tenant: str | None) -> Erased:
+        """Delete every row `where` selects from every erased table of the registry, and the backend's derived
+        tables; the memories through the memory half, which also drops what it indexed them by."""
+        where = self._sql(where)
+        with self._owner_scope(tenant) as db:
+            memories, touched = self._remove_memories(db, where, params, whole_tenant)
+            counts = {"memories": memories}
+            for entry in record_tables():
+                counts[entry.name] = db.execute(f"DELETE FROM {entry.name} WHERE {where}", params).rowcount
+            for derived in self.DERIVED_TABLES:
+                db.execute(f"DELETE FROM {derived} WHERE {where}", params)
+            self._erasing(db, counts)
+        return erased_from(counts, scrub_pending=self._erased(counts, touched, whole_owner=True))
+
+    def purge_expired(self, now: datetime) -> Erased:
+        expired = self._sql("expires_at IS NOT NULL AND expires_at <= ?")
+        with self._admin_scope() as db:
+            memories, touched = self._purge_memories(db, now)
+            counts = {"memories": memories}
+            for entry in expiring_record_tables():
+                counts[entry.name] = db.execute(f"DELETE FROM {entry.name} WHERE {expired}",
+                                                (self._time_in(now),)).rowcount
+            self._erasing(db, counts)
+        pending = self._erased(counts, touched, whole_owner=False) if any(counts.values()) else self.scrub_pending
+        return erased_from(counts, scrub_pending=pending)
+
+    def owners(self) -> list[Owner]:
+        with self._admin_scope(write=False) as db:
+            rows = db.execute(owner_listing_sql()).fetchall()
+        return [Owner(r[0], r[1]) for r in rows]
+
+    def stats(self) -> dict[str, int]:
+        query, names = stats_sql()
+        with self._admin_scope(write=False) as db:
+            row = db.execute(query).fetchone()
+        return dict(zip(names, row))
