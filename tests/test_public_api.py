@@ -1,11 +1,18 @@
-"""The public surface is explicit: __all__ is what the README lists, and everything in it imports."""
+"""The public surface is explicit: __all__ is what the README lists, everything in it imports, and the types the
+public verbs return, and those a store implementer needs, are exported."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import re
+import typing
 from pathlib import Path
 
+import pytest
+
 import memshelf
+import memshelf.stores
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -20,6 +27,55 @@ def test_all_matches_the_readme():
 def test_every_public_name_exists():
     for name in memshelf.__all__:
         assert getattr(memshelf, name) is not None, name
+
+
+PACKAGES_WITH_ALL = ["memshelf", "memshelf.stores", "memshelf.embedders", "memshelf.testing",
+                     "memshelf.testing.contract"]
+
+
+@pytest.mark.parametrize("name", PACKAGES_WITH_ALL)
+def test_every_name_in_every_public_all_exists(name):
+    module = importlib.import_module(name)
+    assert module.__all__, name
+    missing = [attr for attr in module.__all__ if getattr(module, attr, None) is None]
+    assert missing == [], f"{name}.__all__ names what it does not define: {missing}"
+
+
+def _memshelf_classes(hints: typing.Iterable[object]) -> set[type]:
+    """Every memshelf-defined class in these type hints, in their arguments (list[Memory], ApiKey | None), and,
+    for each class found, in its fields and generic bases (SearchResult is a list[Hit])."""
+    found: set[type] = set()
+    stack = list(hints)
+    while stack:
+        hint = stack.pop()
+        stack.extend(typing.get_args(hint))
+        if isinstance(hint, type) and hint.__module__.startswith("memshelf") and hint not in found:
+            found.add(hint)
+            stack.extend(typing.get_type_hints(hint).values())
+            stack.extend(getattr(hint, "__orig_bases__", ()))
+    return found
+
+
+def _methods(cls: type) -> list[typing.Callable[..., object]]:
+    return [member for name, member in inspect.getmembers(cls, callable) if not name.startswith("_")]
+
+
+def test_every_type_a_public_shelf_verb_returns_is_exported():
+    returned = _memshelf_classes(typing.get_type_hints(method).get("return") for method in _methods(memshelf.Shelf))
+    assert {memshelf.Erased, memshelf.ApiKey, memshelf.SearchResult, memshelf.Hit} <= returned  # the walk works
+    missing = sorted(cls.__qualname__ for cls in returned if getattr(memshelf, cls.__name__, None) is not cls)
+    assert missing == [], f"public Shelf methods return types memshelf does not export: {missing}"
+    assert {cls.__name__ for cls in returned} <= set(memshelf.__all__)
+
+
+def test_every_type_in_the_store_contract_is_exported_for_implementers():
+    """What a Store method takes or returns, a backend author imports from memshelf.stores."""
+    used = _memshelf_classes(hint for method in _methods(memshelf.stores.Store)
+                             for hint in typing.get_type_hints(method).values())
+    assert {memshelf.stores.NewMemory, memshelf.stores.Position, memshelf.stores.Pending} <= used  # the walk works
+    missing = sorted(cls.__qualname__ for cls in used if getattr(memshelf.stores, cls.__name__, None) is not cls)
+    assert missing == [], f"the Store contract uses types memshelf.stores does not export: {missing}"
+    assert {cls.__name__ for cls in used} <= set(memshelf.stores.__all__)
 
 
 def test_import_has_no_side_effects(tmp_path, monkeypatch):

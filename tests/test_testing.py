@@ -17,7 +17,7 @@ import memshelf
 THIRD_BACKEND_TESTS = '''
 import pytest
 
-from memshelf import register_store
+from memshelf.stores import register_store
 from memshelf.stores.sqlite import SQLiteStore
 from memshelf.testing.contract import *  # noqa: F403
 
