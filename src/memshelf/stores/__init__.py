@@ -9,7 +9,7 @@ the PostgreSQL driver loads only for someone who opens a postgresql:// URL.
 from __future__ import annotations
 
 from ..errors import DimensionMismatch, InvalidInput, StoreError, StoreUnavailable
-from ..ids import new_id
+from .._ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from .base import (CONTEXT_TURNS, ApiKey, Erased, Observation, Pending, Position, Scored, Store, StoreFactory,
                    digest, observe_again, open_store, register_store)

@@ -82,12 +82,12 @@ from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
-from ..ids import new_id
+from .._ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
                    register_store)
-from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
-from .postgres_upkeep import Pair, Upkeep, scrub_settings
+from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
+from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
 EXACT_MAX_ROWS = 20_000
 """Owners with at most this many vectors of a model are searched exactly: at that size a scan of the owner's rows

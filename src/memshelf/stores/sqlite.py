@@ -18,11 +18,11 @@ import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
+from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
 from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
                    register_store)
-from .sqlite_fts import TenantIndexes
-from .sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
+from ._sqlite_fts import TenantIndexes
+from ._sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
 log = logging.getLogger("memshelf")
 
@@ -279,7 +279,7 @@ class SQLiteStore(Store):
 
     # memories
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
-        from ..ids import new_id
+        from .._ids import new_id
 
         stored: list[Memory] = []
         tag = owner_tag(owner)
