@@ -1,10 +1,14 @@
 """The public surface is explicit: __all__ is what the README lists, everything in it imports, and the types the
-public verbs return, and those a store implementer needs, are exported."""
+public verbs return, and those a store implementer needs, are exported.
+
+The rule for modules (README, public API section): a module is internal when a part of its dotted name starts with
+`_`; every other module is public and listed in the README. No module is neither."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import re
 import typing
 from pathlib import Path
@@ -39,6 +43,36 @@ def test_every_name_in_every_public_all_exists(name):
     assert module.__all__, name
     missing = [attr for attr in module.__all__ if getattr(module, attr, None) is None]
     assert missing == [], f"{name}.__all__ names what it does not define: {missing}"
+
+
+def _modules() -> list[str]:
+    """Every module of the memshelf package (walk_packages imports the packages, not the modules)."""
+    return ["memshelf"] + [info.name for info in pkgutil.walk_packages(memshelf.__path__, "memshelf.")]
+
+
+def _internal(module: str) -> bool:
+    """The rule the README states: a module is internal when a part of its dotted name starts with `_`."""
+    return any(part.startswith("_") for part in module.split("."))
+
+
+def _documented_modules() -> set[str]:
+    section = README.read_text(encoding="utf-8").split("Every other module is public and listed here", 1)[1]
+    return set(re.findall(r"`(memshelf(?:\.[a-z_]+)*)`", section.split("\n\n", 1)[0]))
+
+
+def test_every_module_is_public_and_documented_or_internal_and_marked():
+    modules, documented = _modules(), _documented_modules()
+    assert {"memshelf._vectors", "memshelf.stores._sqlite_fts", "memshelf.stores.sqlite"} <= set(modules)
+    unmarked = sorted(m for m in modules if not _internal(m) and m not in documented)
+    assert unmarked == [], f"document these in the README's public API section, or name them with a '_': {unmarked}"
+    assert sorted(documented - set(modules)) == [], "the README lists modules that do not exist"
+    assert sorted(m for m in documented if _internal(m)) == [], "the README lists an internal module as public"
+
+
+def test_public_packages_declare_their_names():
+    for name in PACKAGES_WITH_ALL:
+        assert name in _documented_modules(), name
+        assert isinstance(importlib.import_module(name).__all__, list), name
 
 
 def _memshelf_classes(hints: typing.Iterable[object]) -> set[type]:
