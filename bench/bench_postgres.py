@@ -36,7 +36,7 @@ from _common import TextGenerator, embedded_postgres_url, machine, print_table, 
 
 from memshelf.keywords import keywords  # noqa: E402
 from memshelf.model import Memory, Owner  # noqa: E402
-from memshelf.retrieval import fuse  # noqa: E402
+from memshelf._retrieval import fuse  # noqa: E402
 from memshelf.stores.base import Store  # noqa: E402
 from memshelf.stores.postgres import PostgresStore  # noqa: E402
 from memshelf.stores.sqlite import SQLiteStore  # noqa: E402

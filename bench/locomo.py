@@ -139,8 +139,9 @@ def average(rows: list[dict[str, float]]) -> dict[str, float]:
 def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Set module constants for an experiment; returns what was changed (recorded in the JSON)."""
     changes: list[tuple[str, str, str]] = []
-    shortcuts = {"rrf_k": ("memshelf.retrieval", "RRF_K"), "semantic_weight": ("memshelf.retrieval", "SEMANTIC_WEIGHT"),
-                 "keyword_weight": ("memshelf.retrieval", "KEYWORD_WEIGHT"),
+    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"),
+                 "semantic_weight": ("memshelf._retrieval", "SEMANTIC_WEIGHT"),
+                 "keyword_weight": ("memshelf._retrieval", "KEYWORD_WEIGHT"),
                  "candidates": ("memshelf.shelf", "CANDIDATES"), "query_terms": ("memshelf.shelf", "MAX_QUERY_TERMS")}
     for option, (module, name) in shortcuts.items():
         value = getattr(args, option)
@@ -150,7 +151,7 @@ def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
         target, _, value = item.partition("=")
         module, _, name = target.rpartition(".")
         if not module or not name or not value:
-            sys.exit(f"--set wants module.NAME=value, e.g. memshelf.retrieval.RRF_K=20; got {item!r}")
+            sys.exit(f"--set wants module.NAME=value, e.g. memshelf._retrieval.RRF_K=20; got {item!r}")
         changes.append((module, name, value))
     applied: dict[str, Any] = {}
     for module_name, name, raw in changes:
@@ -166,9 +167,9 @@ def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
         setattr(module, name, value)
         applied[f"{module_name}.{name}"] = value
     # fuse() binds its defaults at definition time: re-read the module constants on every call.
-    retrieval = importlib.import_module("memshelf.retrieval")
+    retrieval = importlib.import_module("memshelf._retrieval")
     shelf_module = importlib.import_module("memshelf.shelf")
-    if any(k.startswith("memshelf.retrieval.") for k in applied) and shelf_module.fuse is retrieval.fuse:
+    if any(k.startswith("memshelf._retrieval.") for k in applied) and shelf_module.fuse is retrieval.fuse:
         original = retrieval.fuse
 
         def fuse(by_words, by_meaning, **kw):  # type: ignore[no-untyped-def]
@@ -287,16 +288,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--embedder", default="local", help="embedder spec, as Shelf.open takes it (default local)")
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
-    parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf.retrieval.RRF_K")
+    parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf._retrieval.RRF_K")
     parser.add_argument("--semantic-weight", dest="semantic_weight", default=None,
-                        help="override memshelf.retrieval.SEMANTIC_WEIGHT")
+                        help="override memshelf._retrieval.SEMANTIC_WEIGHT")
     parser.add_argument("--keyword-weight", dest="keyword_weight", default=None,
-                        help="override memshelf.retrieval.KEYWORD_WEIGHT")
+                        help="override memshelf._retrieval.KEYWORD_WEIGHT")
     parser.add_argument("--candidates", default=None, help="override memshelf.shelf.CANDIDATES")
     parser.add_argument("--query-terms", dest="query_terms", default=None,
                         help="override memshelf.shelf.MAX_QUERY_TERMS")
     parser.add_argument("--set", action="append", metavar="module.NAME=value",
-                        help="override any module constant, e.g. --set memshelf.retrieval.RRF_K=20 (repeatable)")
+                        help="override any module constant, e.g. --set memshelf._retrieval.RRF_K=20 (repeatable)")
     args = parser.parse_args(argv)
     if args.floor is None:
         from memshelf import shelf as shelf_module

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from datetime import UTC
+
+from memshelf.testing import clock, open_shelf, shelf  # noqa: F401  the contract suite's fixtures, used everywhere
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,28 +22,6 @@ def local_embedder():
     embedder = LocalEmbedder()
     embedder.embed("warm up")  # load now, so the first test that uses it is not charged for loading
     return embedder
-
-
-class Clock:
-    """A clock the tests move by hand, so expiry is tested without sleeping."""
-
-    def __init__(self) -> None:
-        from datetime import datetime
-
-        self.now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        from datetime import timedelta
-
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 BACKENDS = ["sqlite", "postgres"]
@@ -62,26 +41,9 @@ def target(backend, tmp_path, request) -> str:
 
 
 @pytest.fixture
-def open_shelf(target):
-    """Open shelves on the backend under test (keyword-only unless told otherwise); all closed afterwards."""
-    from memshelf import Shelf
-
-    opened = []
-
-    def _open(**options):
-        options.setdefault("embedder", None)
-        shelf = Shelf.open(target, **options)
-        opened.append(shelf)
-        return shelf
-
-    yield _open
-    for shelf in opened:
-        shelf.close()
-
-
-@pytest.fixture
-def shelf(open_shelf, clock):
-    return open_shelf(clock=clock)
+def memshelf_target(target) -> str:
+    """What memshelf.testing's `open_shelf` and `shelf` open: the backend under test."""
+    return target
 
 
 # ---------------------------------------------------------------- PostgreSQL (tests/pg.py)

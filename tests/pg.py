@@ -79,7 +79,7 @@ class PgServer:
         """The production setup the README gives: a login role that is not a superuser and has no BYPASSRLS,
         owning a database where a superuser created the extensions, and granted memshelf_app and
         memshelf_admin. Returns (URL as that role, role name); memshelf's migrations have not run yet."""
-        from memshelf.stores.postgres_schema import ADMIN_ROLE, APP_ROLE
+        from memshelf.stores._postgres_schema import ADMIN_ROLE, APP_ROLE
 
         role, password = f"{prefix}_{secrets.token_hex(4)}", secrets.token_hex(12)
         database = self.empty_database(prefix)

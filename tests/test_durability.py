@@ -136,7 +136,7 @@ def raw_connection(db: Path) -> closing[sqlite3.Connection]:
 
 
 def full_text_tables() -> tuple[str, ...]:
-    from memshelf.stores.sqlite_fts import table_names
+    from memshelf.stores._sqlite_fts import table_names
 
     return table_names(TENANT)
 

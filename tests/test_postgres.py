@@ -20,9 +20,9 @@ from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
 from memshelf.model import Memory, NewMemory
 from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names, index_statements
-from memshelf.stores.postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
+from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
 from memshelf.stores.sqlite import SQLiteStore
-from memshelf.vectors import pack
+from memshelf._vectors import pack
 
 A = Owner("tenant-a", "alice")
 B = Owner("tenant-b", "bob")

@@ -378,6 +378,6 @@ def test_pages_follow_creation_time_for_imported_records(shelf, clock):
 
 def _whitespace_migration(backend: str) -> str:
     """The name of the migration that re-keys digests, which each backend numbers in its own sequence."""
-    from memshelf.stores import postgres_schema, sqlite_schema
+    from memshelf.stores import _postgres_schema, _sqlite_schema
 
-    return (sqlite_schema if backend == "sqlite" else postgres_schema).WHITESPACE_DIGESTS
+    return (_sqlite_schema if backend == "sqlite" else _postgres_schema).WHITESPACE_DIGESTS

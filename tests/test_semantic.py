@@ -253,7 +253,7 @@ def test_spec_002_build_prompt_by_meaning(open_shelf, local_embedder):
 
 
 def test_a_split_scan_scores_exactly_like_a_single_one():
-    from memshelf.vectors import PARALLEL_ROWS, _cosines, normalize
+    from memshelf._vectors import PARALLEL_ROWS, _cosines, normalize
 
     rng = np.random.default_rng(3)
     matrix = normalize(rng.standard_normal((PARALLEL_ROWS + 1001, 32)).astype(np.float32))

@@ -10,7 +10,7 @@ import pytest
 
 from memshelf import Owner, Shelf, StoreError
 from memshelf.stores.sqlite import SQLiteStore
-from memshelf.stores.sqlite_schema import MIGRATIONS
+from memshelf.stores._sqlite_schema import MIGRATIONS
 
 KALEB = Owner("home", "kaleb")
 SECRET = "Kaleb's locker combination is zanzibarquux 4471."

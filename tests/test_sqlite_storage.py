@@ -19,7 +19,7 @@ from memshelf.model import NewMemory
 from memshelf.server import create_app
 from memshelf.stores import sqlite as sqlite_store
 from memshelf.stores.sqlite import SQLiteStore
-from memshelf.stores.sqlite_schema import MIGRATIONS
+from memshelf.stores._sqlite_schema import MIGRATIONS
 
 KALEB = Owner("home", "kaleb")
 MAYA = Owner("home", "maya")

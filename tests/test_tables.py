@@ -107,11 +107,11 @@ def test_the_scrub_queue_accepts_every_table_an_erasure_touches(pg_url):
 
 
 def test_tenant_wall_gives_a_table_added_later_the_same_wall(pg_fresh_url):
-    """What a migration adding an owner table runs (postgres_schema.tenant_wall and scrub_relations), on a scratch
+    """What a migration adding an owner table runs (_postgres_schema.tenant_wall and scrub_relations), on a scratch
     table: the same wall as the registry's tables, and the scrub queue takes it."""
     import psycopg
 
-    from memshelf.stores.postgres_schema import APP_ROLE, scrub_relations, tenant_wall
+    from memshelf.stores._postgres_schema import APP_ROLE, scrub_relations, tenant_wall
 
     with psycopg.connect(pg_fresh_url) as conn:
         conn.execute("CREATE TABLE probe (tenant text NOT NULL, user_id text NOT NULL, note text)")

@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_info
 from memshelf import ConfigError, Owner, Shelf
 from memshelf.server import create_app
 from memshelf.stores.sqlite import SQLiteStore
-from memshelf.vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, VectorMatrix, pack
+from memshelf._vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, VectorMatrix, pack
 
 KALEB = Owner("home", "kaleb")
 MAYA = Owner("home", "maya")
@@ -212,7 +212,7 @@ def blas_threads() -> set[int]:
 def test_searches_leave_the_process_blas_threads_alone():
     """The BLAS thread count is process-wide: a search that changed it would change it under every other thread,
     and one search finishing would undo it under another still scanning."""
-    from memshelf.vectors import top_k
+    from memshelf._vectors import top_k
 
     rng = np.random.default_rng(5)
     matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((20_000, 64))), no_time)
@@ -251,7 +251,7 @@ def test_concurrent_searches_give_the_serial_answers(tmp_path, monkeypatch):
 
 
 def test_concurrent_split_scans_give_the_serial_answers():
-    from memshelf.vectors import PARALLEL_ROWS, top_k
+    from memshelf._vectors import PARALLEL_ROWS, top_k
 
     rng = np.random.default_rng(4)
     matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((PARALLEL_ROWS + 1000, 32))), no_time)

@@ -7,11 +7,12 @@ from .keywords import keywords
 from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
 from .shelf import Shelf
 from .stores import sqlite as _sqlite  # noqa: F401  registers the embedded default backend
-from .stores.base import Store, register_store
+from .stores.base import ApiKey, Erased, Store, register_store
 
 __all__ = [
-    "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Fact", "FactChange",
-    "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound", "Owner", "SearchResult", "Shelf",
-    "Store", "StoreError", "StoreUnavailable", "UnknownSource", "keywords", "register_embedder", "register_store",
+    "ApiKey", "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Erased", "Fact",
+    "FactChange", "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound", "Owner", "SearchResult",
+    "Shelf", "Store", "StoreError", "StoreUnavailable", "UnknownSource", "keywords", "register_embedder",
+    "register_store",
 ]
 __version__ = "0.1.0"

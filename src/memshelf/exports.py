@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from .errors import InvalidInput
-from .ids import is_id, new_id
+from ._ids import is_id, new_id
 from .model import (EARLIEST, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Memory,
                     Message, Owner, Sources, check_text, check_topic, check_when, resolve_expiry)
 from .stores.base import Store

@@ -21,15 +21,15 @@ from . import exports
 from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, resolve_embedder,
                               search_timeout, write_timeout)
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
-from .ids import is_id, new_id
+from ._ids import is_id, new_id
 from .keywords import keywords
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                     Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
                     check_ttl, missing_changes, resolve_expiry, utcnow)
-from .retrieval import Candidate, fuse
+from ._retrieval import Candidate, fuse
 from .stores.base import ApiKey, Erased, Position, Store, open_store
 from .stores.tables import exported_kinds
-from .vectors import pack
+from ._vectors import pack
 
 log = logging.getLogger("memshelf")
 

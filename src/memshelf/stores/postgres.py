@@ -1,7 +1,7 @@
 """PostgreSQL + pgvector: the backend for users who outgrow one machine.
 
 Open it with `Shelf.open("postgresql://user:password@host/db")` (or MEMSHELF_DATABASE_URL). The server needs the
-`vector` (pgvector >= 0.8) and `unaccent` extensions; the first open runs the migrations in postgres_schema.py.
+`vector` (pgvector >= 0.8) and `unaccent` extensions; the first open runs the migrations in _postgres_schema.py.
 
 Tenant isolation has two walls:
 
@@ -31,7 +31,7 @@ Vectors: one `vector` column without a fixed dimension, kept in the row rather t
 (model, dimensions) pair the store serves gets two partial indexes, both `WHERE embed_model = '<model>' AND
 vector_dims(embedding) = d`; searches repeat the predicate so the planner can use them. A store serves the models
 of its own vectors (add_memories, set_vectors, vector_search, serve_model), never the stamps of imported rows; the
-indexes are built CONCURRENTLY by the upkeep thread (postgres_upkeep.py), and searches are exact until they are
+indexes are built CONCURRENTLY by the upkeep thread (_postgres_upkeep.py), and searches are exact until they are
 valid:
 
 - a covering btree on (tenant, user_id) INCLUDE (pk, confidence, expires_at, embedding), for vectors of up to 512
@@ -82,12 +82,12 @@ from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
-from ..ids import new_id
+from .._ids import new_id
 from ..model import Memory, NewMemory, Owner
 from .base import CONTEXT_TURNS, Pending, Position, Scored, digest, observe_again, register_store
 from .sql_records import MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns, memory_from_row
-from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
-from .postgres_upkeep import Pair, Upkeep, scrub_settings
+from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
+from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
 EXACT_MAX_ROWS = 20_000
 """Owners with at most this many vectors of a model are searched exactly: at that size a scan of the owner's rows

@@ -18,12 +18,12 @@ import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Memory, NewMemory, Owner
-from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
+from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
 from .base import Pending, Position, Scored, digest, observe_again, register_store
 from .sql_records import (MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row)
-from .sqlite_fts import TenantIndexes
-from .sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
+from ._sqlite_fts import TenantIndexes
+from ._sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
 log = logging.getLogger("memshelf")
 
@@ -308,7 +308,7 @@ class SQLiteStore(SQLRecords):
 
     # memories
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
-        from ..ids import new_id
+        from .._ids import new_id
 
         stored: list[Memory] = []
         tag = owner_tag(owner)

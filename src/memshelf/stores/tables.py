@@ -1,6 +1,6 @@
 """The registry of per-owner tables: the one list that erase, owners(), purge, stats, export/import, migrate's copy
 and verify, and PostgreSQL's row-level security read. Adding an owner table is one entry here plus its DDL (a
-migration per backend; on PostgreSQL, `postgres_schema.tenant_wall` gives it the same wall as the others).
+migration per backend; on PostgreSQL, `_postgres_schema.tenant_wall` gives it the same wall as the others).
 
 A table's rows are kept by one half of the store contract: `memories` by the memory-and-search half (each backend
 indexes it its own way, so each deletes its rows its own way), every other table by the records half, written

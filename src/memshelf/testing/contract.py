@@ -1,0 +1,514 @@
+"""Behaviour every backend must show: the contract suite. memshelf runs it on SQLite and PostgreSQL
+(tests/test_contract.py); a third backend runs it with `from memshelf.testing.contract import *` and one fixture,
+`memshelf_target` (see memshelf.testing).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, UTC
+
+import pytest
+
+from ..errors import ConfigError, InvalidInput, NotFound, UnknownSource
+from ..model import MAX_CONTENT_CHARS, Owner
+from . import clock, open_shelf, shelf
+
+
+KALEB = Owner("home", "kaleb")
+MAYA = Owner("acme", "maya")
+SAME_USER_OTHER_TENANT = Owner("other", "kaleb")
+SAME_TENANT_OTHER_USER = Owner("home", "maya")
+STRANGERS = [SAME_USER_OTHER_TENANT, SAME_TENANT_OTHER_USER]
+
+
+def contents(hits):
+    return [h.memory.content for h in hits]
+
+
+def count_memories(shelf, owner):
+    return sum(1 for r in shelf.export(owner) if r["kind"] == "memory")
+
+
+# ---------------------------------------------------------------- ownership
+def test_other_owners_get_nothing(shelf):
+    memory = shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    shelf.log_message(KALEB, "t1", "user", "where is the printer?")
+    for stranger in STRANGERS:
+        assert list(shelf.search(stranger, "printer")) == []
+        assert shelf.context(stranger, "printer address") == ""
+        assert shelf.facts(stranger) == []
+        assert shelf.messages(stranger, "t1") == []
+        assert [r["kind"] for r in shelf.export(stranger)] == ["memshelf-export"]
+        with pytest.raises(NotFound):
+            shelf.get(stranger, memory.id)
+    assert contents(shelf.search(KALEB, "printer")) == ["The office printer is on 192.168.1.40."]
+
+
+def test_forget_with_another_owners_id_is_not_found_and_deletes_nothing(shelf):
+    memory = shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    for stranger in STRANGERS:
+        with pytest.raises(NotFound):
+            shelf.forget(stranger, memory.id)
+    assert shelf.get(KALEB, memory.id).content == memory.content
+
+
+def test_forget_user_leaves_other_owners_alone(shelf):
+    shelf.remember(KALEB, "network", "Kaleb's printer is on 192.168.1.40.")
+    shelf.remember(SAME_TENANT_OTHER_USER, "network", "Maya's printer is on 10.0.0.9.")
+    shelf.remember(SAME_USER_OTHER_TENANT, "network", "Other Kaleb's printer is in the attic.")
+    erased = shelf.forget_user(KALEB)
+    assert erased.memories == 1
+    assert list(shelf.search(KALEB, "printer")) == []
+    assert contents(shelf.search(SAME_TENANT_OTHER_USER, "printer")) == ["Maya's printer is on 10.0.0.9."]
+    assert contents(shelf.search(SAME_USER_OTHER_TENANT, "printer")) == ["Other Kaleb's printer is in the attic."]
+
+
+def test_same_id_in_two_owners_is_two_records(shelf):
+    """Import keeps ids; the same id under two owners must never collide or cross."""
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    records = list(shelf.export(KALEB))
+    shelf.import_(MAYA, records)
+    memory_id = records[1]["id"]
+    shelf.forget(MAYA, memory_id)
+    assert shelf.get(KALEB, memory_id).content == "The office printer is on 192.168.1.40."
+    with pytest.raises(NotFound):
+        shelf.get(MAYA, memory_id)
+
+
+# ---------------------------------------------------------------- sources
+def test_builtin_source_confidences(shelf):
+    got = {s: shelf.remember(KALEB, "t", f"from {s}", source=s).confidence for s in ("stated", "mined", "inferred")}
+    assert got == {"stated": 1.0, "mined": 0.6, "inferred": 0.4}
+
+
+def test_declared_source(open_shelf):
+    shelf = open_shelf(sources={"sensor": 0.8})
+    assert shelf.remember(KALEB, "climate", "The hall is 19 degrees.", source="sensor").confidence == 0.8
+
+
+def test_unknown_source_is_an_error_before_anything_is_written(shelf):
+    with pytest.raises(UnknownSource, match="Declare it first"):
+        shelf.remember(KALEB, "climate", "The hall is 19 degrees.", source="sensor")
+    with pytest.raises(UnknownSource):
+        shelf.remember_many(KALEB, [{"topic": "a", "content": "valid line"},
+                                    {"topic": "a", "content": "bad source", "source": "gossip"}])
+    assert count_memories(shelf, KALEB) == 0
+
+
+@pytest.mark.parametrize("worth", [0, -1, 1.5, "high", True])
+def test_declared_source_needs_a_sane_worth(open_shelf, worth):
+    with pytest.raises(InvalidInput):
+        open_shelf(sources={"sensor": worth})
+
+
+# ---------------------------------------------------------------- dedup
+def test_identical_memory_is_stored_once_and_counted(shelf, clock):
+    first = shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="mined")
+    clock.advance(60)
+    again = shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="mined")
+    assert again.id == first.id
+    assert again.observations == 2
+    assert again.last_seen == first.created_at + timedelta(seconds=60)
+    assert again.created_at == first.created_at
+    assert count_memories(shelf, KALEB) == 1
+
+
+def test_repeat_from_a_better_source_raises_confidence(shelf):
+    shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="inferred")
+    again = shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="stated")
+    assert (again.source, again.confidence) == ("stated", 1.0)
+    weaker = shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="mined")
+    assert (weaker.source, weaker.confidence, weaker.observations) == ("stated", 1.0, 3)
+
+
+def test_same_text_under_another_topic_is_another_memory(shelf):
+    a = shelf.remember(KALEB, "network", "It jams.")
+    b = shelf.remember(KALEB, "printer", "It jams.")
+    assert a.id != b.id
+
+
+# ---------------------------------------------------------------- expiry
+def test_expired_memory_is_invisible_from_that_instant(shelf, clock):
+    memory = shelf.remember(KALEB, "guest", "The guest wifi password is tulip42.", ttl=60)
+    assert memory.expires_at == clock.now + timedelta(seconds=60)
+    clock.advance(59.999)
+    assert contents(shelf.search(KALEB, "wifi password")) == ["The guest wifi password is tulip42."]
+    clock.advance(0.001)
+    assert list(shelf.search(KALEB, "wifi password")) == []
+    assert shelf.context(KALEB, "wifi password") == ""
+    with pytest.raises(NotFound):
+        shelf.get(KALEB, memory.id)
+    assert shelf.list_memories(KALEB)[0] == []
+
+
+def test_purge_deletes_expired_for_good(shelf, clock):
+    shelf.remember(KALEB, "guest", "The guest wifi password is tulip42.",
+                   expires_at=clock.now + timedelta(hours=1))
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    shelf.log_message(KALEB, "t1", "user", "temporary chatter", ttl=10)
+    clock.advance(3600)
+    erased = shelf.purge_expired()
+    assert (erased.memories, erased.messages) == (1, 1)
+    assert [r["content"] for r in shelf.export(KALEB) if r["kind"] == "memory"] == [
+        "The office printer is on 192.168.1.40."]
+
+
+def test_expiry_needs_an_aware_datetime_or_positive_ttl(shelf):
+    with pytest.raises(InvalidInput, match="naive"):
+        shelf.remember(KALEB, "t", "x", expires_at=datetime(2030, 1, 1))
+    for ttl in (0, -5, float("nan"), "soon"):
+        with pytest.raises(InvalidInput):
+            shelf.remember(KALEB, "t", "x", ttl=ttl)
+    with pytest.raises(InvalidInput, match="not both"):
+        shelf.remember(KALEB, "t", "x", ttl=5, expires_at=datetime(2030, 1, 1, tzinfo=UTC))
+    assert count_memories(shelf, KALEB) == 0
+
+
+def test_observing_an_expired_memory_again_revives_it(shelf, clock):
+    shelf.remember(KALEB, "guest", "The guest wifi password is tulip42.", ttl=10)
+    clock.advance(20)
+    again = shelf.remember(KALEB, "guest", "The guest wifi password is tulip42.")
+    assert again.expires_at is None
+    assert contents(shelf.search(KALEB, "wifi")) == ["The guest wifi password is tulip42."]
+
+
+# ---------------------------------------------------------------- keyword search
+def test_prefix_matching_finds_longer_words(shelf):
+    shelf.remember(KALEB, "office", "Both printers are out of toner.")
+    assert contents(shelf.search(KALEB, "printer")) == ["Both printers are out of toner."]
+
+
+def test_non_ascii_words_are_found(shelf):
+    shelf.remember(KALEB, "travel", "Kaleb lives in Zürich and likes the café on the corner.")
+    assert len(shelf.search(KALEB, "Zürich")) == 1
+    assert len(shelf.search(KALEB, "café")) == 1
+    assert len(shelf.search(KALEB, "zurich")) == 1  # diacritics do not have to be typed
+
+
+def test_topic_is_searched_too(shelf):
+    shelf.remember(KALEB, "printer", "It is on the second floor.")
+    assert contents(shelf.search(KALEB, "printer")) == ["It is on the second floor."]
+
+
+def test_equal_matches_come_back_newest_first(shelf, clock):
+    shelf.remember(KALEB, "a", "The lamp is blue.")
+    clock.advance(1)
+    shelf.remember(KALEB, "a", "The lamp is green.")
+    assert contents(shelf.search(KALEB, "lamp")) == ["The lamp is green.", "The lamp is blue."]
+
+
+def test_confidence_outranks_match_quality(shelf):
+    shelf.remember(KALEB, "a", "printer printer printer printer", source="mined")
+    shelf.remember(KALEB, "a", "A long sentence that mentions the printer only once among many other words.")
+    assert [h.memory.confidence for h in shelf.search(KALEB, "printer")] == [1.0, 0.6]
+
+
+def test_more_matching_terms_rank_higher_within_a_confidence(shelf, clock):
+    shelf.remember(KALEB, "a", "The printer address is 192.168.1.40.")
+    clock.advance(1)
+    shelf.remember(KALEB, "a", "The printer is beige.")
+    assert contents(shelf.search(KALEB, "printer address"))[0] == "The printer address is 192.168.1.40."
+
+
+@pytest.mark.parametrize("text", [
+    'She said "hello" and left', "Robert'); DROP TABLE memories;--", "NEAR(printer toner) AND OR NOT",
+    "wild* card^ col:umn {braces} (parens)", "emoji 🖨️ printer 🎉", "tab\tand\nnewline and \x07 bell",
+])
+def test_awkward_text_is_stored_and_searched_as_plain_text(shelf, text):
+    memory = shelf.remember(KALEB, "awkward", text)
+    assert shelf.get(KALEB, memory.id).content == text
+    hits = shelf.search(KALEB, text)
+    assert text in contents(hits)
+
+
+@pytest.mark.parametrize("question", ['"', "*", "NEAR", "AND OR NOT", "'; --", "^col:"])
+def test_fts_syntax_in_questions_never_errors(shelf, question):
+    shelf.remember(KALEB, "a", "The printer is on.")
+    assert isinstance(list(shelf.search(KALEB, question)), list)
+
+
+def test_limit_is_respected_and_validated(shelf):
+    shelf.remember_many(KALEB, [{"topic": "t", "content": f"printer note {i}"} for i in range(10)])
+    assert len(shelf.search(KALEB, "printer", limit=3)) == 3
+    for bad in (0, -1, 10**9, 2.5, "5"):
+        with pytest.raises(InvalidInput):
+            shelf.search(KALEB, "printer", limit=bad)
+
+
+def test_semantic_mode_without_embedder_says_what_to_do(shelf):
+    with pytest.raises(ConfigError, match="embedder"):
+        shelf.search(KALEB, "printer", mode="semantic")
+    with pytest.raises(InvalidInput, match="mode"):
+        shelf.search(KALEB, "printer", mode="fuzzy")
+
+
+def test_keyword_hits_say_how_they_were_found(shelf):
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    result = shelf.search(KALEB, "printer")
+    assert result.mode == "keyword" and result.degraded is False
+    assert [h.retriever for h in result] == ["keyword"]
+    assert result[0].score > 0
+
+
+def _hybrid_candidates(shelf, owner):
+    found = shelf.store.keyword_search(owner, ["adoption", "meeting"], 5, shelf.now(), by_confidence=False)
+    return [s.memory.content for s in found]
+
+
+ADOPTION = "Caroline: I went to the adoption agency meeting yesterday."
+ANSWER = "Melanie: How did it go? Was it a good meeting?"
+ROOF = "Melanie: The meeting about the roof went badly."
+
+
+def test_hybrid_candidates_are_ranked_with_the_conversation_around_them(shelf):
+    adoption = shelf.remember(KALEB, "session_1", ADOPTION)
+    shelf.remember(KALEB, "session_1", ANSWER)
+    shelf.remember(KALEB, "session_2", ROOF)
+    # Both mention "meeting" once; the answer was said right after the adoption agency came up.
+    assert _hybrid_candidates(shelf, KALEB) == [ADOPTION, ANSWER, ROOF]
+    assert ANSWER in contents(shelf.search(KALEB, "adoption meeting", mode="keyword"))  # by its own word
+    shelf.import_(MAYA, shelf.export(KALEB))
+    assert _hybrid_candidates(shelf, MAYA) == [ADOPTION, ANSWER, ROOF]  # imported memories get their context
+    shelf.forget(KALEB, adoption.id)  # ... and lose the words of a forgotten neighbour
+    assert _hybrid_candidates(shelf, KALEB) == [ROOF, ANSWER]
+
+
+def test_purging_an_expired_memory_takes_its_words_out_of_its_neighbours_context(shelf, clock):
+    shelf.remember(KALEB, "session_1", ADOPTION, ttl=60)
+    shelf.remember(KALEB, "session_1", ANSWER)
+    shelf.remember(KALEB, "session_2", ROOF)
+    clock.advance(61)
+    assert _hybrid_candidates(shelf, KALEB) == [ANSWER, ROOF]  # expired, but its words are still stored
+    assert shelf.purge_expired().memories == 1
+    assert _hybrid_candidates(shelf, KALEB) == [ROOF, ANSWER]
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("content", ["", "   ", "\n\t", "x" * (MAX_CONTENT_CHARS + 1), None, 42, b"bytes"])
+def test_bad_content_is_refused_and_nothing_written(shelf, content):
+    with pytest.raises(InvalidInput):
+        shelf.remember(KALEB, "t", content)
+    assert count_memories(shelf, KALEB) == 0
+
+
+def test_content_at_the_limit_is_accepted(shelf):
+    assert len(shelf.remember(KALEB, "t", "y" * MAX_CONTENT_CHARS).content) == MAX_CONTENT_CHARS
+
+
+@pytest.mark.parametrize("topic", [None, 7, ["a"], "", "x" * 201])
+def test_bad_topic_is_refused(shelf, topic):
+    with pytest.raises(InvalidInput, match="topic"):
+        shelf.remember(KALEB, topic, "content")
+
+
+@pytest.mark.parametrize("tenant,user", [("", "kaleb"), ("home", ""), ("  ", "kaleb"), ("home", None),
+                                         (None, "kaleb"), ("home\x00", "kaleb"), ("x" * 201, "kaleb")])
+def test_owner_needs_tenant_and_user(tenant, user):
+    with pytest.raises(InvalidInput):
+        Owner(tenant, user)
+
+
+def test_owner_must_be_an_owner(shelf):
+    with pytest.raises(InvalidInput, match="Owner"):
+        shelf.remember(("home", "kaleb"), "t", "x")
+
+
+def test_a_bad_item_in_a_batch_writes_nothing(shelf):
+    with pytest.raises(InvalidInput):
+        shelf.remember_many(KALEB, [{"topic": "t", "content": "fine"}, {"topic": "t", "content": ""}])
+    assert count_memories(shelf, KALEB) == 0
+
+
+def test_empty_question_is_an_error_but_empty_user_text_gives_the_base_prompt(shelf):
+    with pytest.raises(InvalidInput):
+        shelf.search(KALEB, "  ")
+    assert shelf.build_prompt("base", KALEB, "") == "base"
+
+
+# ---------------------------------------------------------------- facts
+def test_facts_upsert_and_keep_history(shelf, clock):
+    shelf.set_fact(KALEB, "user_name", "Kal")
+    clock.advance(1)
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    assert [(f.key, f.value) for f in shelf.facts(KALEB)] == [("user_name", "Kaleb")]
+    assert [c.value for c in shelf.fact_history(KALEB, "user_name")] == ["Kal", "Kaleb"]
+
+
+def test_facts_most_recent_first(shelf, clock):
+    shelf.set_fact(KALEB, "a", "1")
+    clock.advance(1)
+    shelf.set_fact(KALEB, "b", "2")
+    clock.advance(1)
+    shelf.set_fact(KALEB, "a", "3")
+    assert [f.key for f in shelf.facts(KALEB)] == ["a", "b"]
+
+
+def test_facts_are_validated(shelf):
+    with pytest.raises(InvalidInput):
+        shelf.set_fact(KALEB, "", "x")
+    with pytest.raises(InvalidInput):
+        shelf.set_fact(KALEB, "k", "")
+    with pytest.raises(UnknownSource):
+        shelf.set_fact(KALEB, "k", "v", source="rumour")
+    assert shelf.facts(KALEB) == []
+
+
+def test_forget_fact(shelf):
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    shelf.forget_fact(KALEB, "user_name")
+    assert shelf.facts(KALEB) == [] and shelf.fact_history(KALEB, "user_name") == []
+    with pytest.raises(NotFound):
+        shelf.forget_fact(KALEB, "user_name")
+
+
+def test_prompt_budget_is_never_exceeded(open_shelf, clock):
+    shelf = open_shelf(budget=200, clock=clock)
+    for i in range(20):
+        shelf.set_fact(KALEB, f"fact_{i:02d}", "v" * 20)
+        clock.advance(1)
+    shelf.remember(KALEB, "t", "The printer is on 192.168.1.40.")
+    prompt = shelf.build_prompt("BASE", KALEB, "printer")
+    assert len(prompt) - len("BASE") <= 200
+    assert "  - fact_19: " in prompt  # the newest fact made it
+    assert "fact_00" not in prompt
+
+
+# ---------------------------------------------------------------- messages
+def test_messages_are_history_not_knowledge(shelf):
+    shelf.log_message(KALEB, "t1", "user", "My printer is called Gutenberg.")
+    shelf.log_message(KALEB, "t1", "assistant", "Noted.")
+    shelf.log_message(KALEB, "t2", "user", "Different thread.")
+    assert [(m.role, m.content) for m in shelf.messages(KALEB, "t1")] == [
+        ("user", "My printer is called Gutenberg."), ("assistant", "Noted.")]
+    assert list(shelf.search(KALEB, "Gutenberg")) == []
+    assert len(shelf.messages(KALEB)) == 3
+    assert [m.content for m in shelf.messages(KALEB, "t1", limit=1)] == ["Noted."]
+
+
+def test_messages_have_their_own_retention(open_shelf, clock):
+    shelf = open_shelf(clock=clock, message_ttl=timedelta(days=1))
+    shelf.log_message(KALEB, "t1", "user", "hello")
+    shelf.remember(KALEB, "t", "A durable statement.")
+    clock.advance(86_400)
+    assert shelf.messages(KALEB, "t1") == []
+    assert len(shelf.search(KALEB, "durable")) == 1
+
+
+def test_message_pages_reach_back_past_the_newest_thousand(shelf, clock):
+    for i in range(1_205):
+        shelf.log_message(KALEB, "long" if i % 2 else "short", "user", f"turn {i}",
+                          **({"ttl": 60} if i == 1_203 else {}))
+    shelf.log_message(MAYA, "long", "user", "another owner's turn")
+    clock.advance(61)  # turn 1203 has expired
+    pages, cursor = [], None
+    while True:
+        page, cursor = shelf.list_messages(KALEB, "long", limit=250, cursor=cursor)
+        pages.append(page)
+        if cursor is None:
+            break
+    seen = [m.content for page in pages for m in page]
+    assert seen == [f"turn {i}" for i in range(1_201, 0, -2)]  # newest first, every live one, nothing else
+    assert [len(p) for p in pages] == [250, 250, 101]
+    everything, end = shelf.list_messages(KALEB, limit=1_000)
+    assert len(everything) == 1_000 and end is not None
+    assert len(shelf.list_messages(KALEB, limit=1_000, cursor=end)[0]) == 204
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_messages(KALEB, cursor="offset:3")
+
+
+# ---------------------------------------------------------------- erasure
+def test_forget_user_erases_every_kind_of_record(shelf):
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    shelf.set_fact(KALEB, "user_name", "Kal")
+    shelf.log_message(KALEB, "t1", "user", "hi")
+    erased = shelf.forget_user(KALEB)
+    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1, "scrub_pending": False}
+    assert [r["kind"] for r in shelf.export(KALEB)] == ["memshelf-export"]
+
+
+def test_forget_tenant_erases_all_its_users(shelf):
+    shelf.remember(KALEB, "a", "one")
+    shelf.remember(SAME_TENANT_OTHER_USER, "a", "two")
+    shelf.remember(SAME_USER_OTHER_TENANT, "a", "three")
+    assert shelf.forget_tenant("home").memories == 2
+    assert count_memories(shelf, SAME_USER_OTHER_TENANT) == 1
+
+
+# ---------------------------------------------------------------- export / import
+def _jsonl(records):
+    return "\n".join(json.dumps(r, sort_keys=True) for r in records)
+
+
+def test_export_import_round_trips_exactly(shelf, open_shelf, clock, tmp_path):
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="mined", ttl=3600)
+    shelf.remember(KALEB, "network", "The printer jams on thick paper.", source="mined")
+    shelf.set_fact(KALEB, "user_name", "Kal")
+    clock.advance(1)
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    shelf.log_message(KALEB, "t1", "user", "hello 👋")
+    exported = _jsonl(shelf.export(KALEB))
+    counts = shelf.import_(MAYA, (json.loads(line) for line in exported.splitlines()))
+    assert counts == {"memories": 2, "facts": 1, "messages": 1}
+    assert _jsonl(shelf.export(MAYA)) == exported
+    assert shelf.import_(MAYA, (json.loads(line) for line in exported.splitlines())) == {
+        "memories": 0, "facts": 0, "messages": 0}
+
+
+def test_malformed_import_imports_nothing(shelf):
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    records = list(shelf.export(KALEB))
+    broken = records + [{"kind": "memory", "topic": "x"}]
+    with pytest.raises(InvalidInput, match="record 3"):
+        shelf.import_(MAYA, broken)
+    assert count_memories(shelf, MAYA) == 0
+    with pytest.raises(UnknownSource):
+        shelf.import_(MAYA, [dict(records[1], source="gossip")])
+
+
+# ---------------------------------------------------------------- atomicity
+def test_failure_half_way_leaves_nothing_behind(shelf):
+    with pytest.raises(RuntimeError):
+        with shelf.store.atomic():
+            shelf.remember(KALEB, "a", "first")
+            with shelf.store.atomic():
+                shelf.set_fact(KALEB, "k", "v")
+            raise RuntimeError("boom")
+    assert count_memories(shelf, KALEB) == 0 and shelf.facts(KALEB) == []
+
+
+def test_inner_failure_rolls_back_only_the_inner_block(shelf):
+    with shelf.store.atomic():
+        shelf.remember(KALEB, "a", "kept")
+        with pytest.raises(RuntimeError):
+            with shelf.store.atomic():
+                shelf.remember(KALEB, "a", "dropped")
+                raise RuntimeError("boom")
+    assert [r["content"] for r in shelf.export(KALEB) if r["kind"] == "memory"] == ["kept"]
+
+
+def test_paging_walks_every_memory_once(shelf, clock):
+    for i in range(7):
+        shelf.remember(KALEB, "t", f"line {i}")
+    seen, cursor = [], None
+    while True:
+        page, cursor = shelf.list_memories(KALEB, limit=3, cursor=cursor)
+        seen += [m.content for m in page]
+        if cursor is None:
+            break
+    assert seen == [f"line {i}" for i in reversed(range(7))]
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_memories(KALEB, cursor="bogus")
+
+
+@pytest.mark.parametrize("floor", [1.5, -2, float("nan"), "0.3", True])
+def test_a_bad_floor_is_refused(shelf, floor):
+    with pytest.raises(InvalidInput, match="floor"):
+        shelf.search(KALEB, "printer", floor=floor)
+
+
+# What `from memshelf.testing.contract import *` brings into a test module: every test, and the fixtures they use.
+__all__ = [name for name in list(globals()) if name.startswith("test_")] + ["clock", "open_shelf", "shelf"]
