@@ -1,0 +1,202 @@
+"""The bodies the HTTP API reads and writes. Requests are strict (an unknown field is an error); responses are
+filled from memshelf's records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Generic, Literal, Self, TypeVar
+
+from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..model import MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS
+from ..stores.base import Erased
+
+__all__ = ["MAX_BATCH", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn", "ContextOut",
+           "ErasedOut", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "MemoryIn",
+           "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PromptIn", "PromptOut", "SearchIn",
+           "SearchOut", "Strict", "erased_response"]
+
+MAX_SEARCH_LIMIT = 100
+MAX_BATCH = 1_000
+
+T = TypeVar("T")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
+Topic = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS, examples=["network"])]
+SourceName = Annotated[str, Field(min_length=1, max_length=64, examples=["stated"],
+                                  description="provenance: stated (1.0), mined (0.6), inferred (0.4) or one the "
+                                              "server declares")]
+Seconds = Annotated[float, Field(gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
+Mode = Literal["auto", "keyword", "semantic", "hybrid"]
+SearchLimit = Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)]
+
+
+class MemoryIn(Strict):
+    topic: Topic
+    content: Text
+    source: SourceName = "stated"
+    ttl: Seconds | None = None
+    expires_at: datetime | None = Field(None, description="an ISO 8601 instant with a time zone; or use ttl")
+
+
+class BatchIn(Strict):
+    memories: list[MemoryIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class Out(BaseModel):
+    """A response model filled from a memshelf record's attributes of the same names: `Out.of(record)`."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, record: object) -> Self:
+        return cls.model_validate(record)
+
+
+class MemoryOut(Out):
+    id: str
+    topic: str
+    content: str
+    source: str
+    confidence: float
+    created_at: datetime
+    expires_at: datetime | None
+    last_seen: datetime | None
+    observations: int
+    embed_model: str | None
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = Field(description="pass as `cursor` to get the next page; null on the last page")
+
+
+class SearchIn(Strict):
+    question: Text
+    mode: Mode = "auto"
+    limit: SearchLimit = 5
+    floor: float | None = Field(None, ge=-1.0, le=1.0, description="lowest cosine for meaning search")
+
+
+class HitOut(Out):
+    memory: MemoryOut
+    score: float
+    retriever: str
+    details: dict[str, float]
+
+
+class SearchOut(BaseModel):
+    mode: str
+    degraded: bool = Field(description="true when meaning search was wanted but the embedder was unreachable")
+    reason: str | None
+    hits: list[HitOut]
+
+
+class ContextIn(Strict):
+    question: Text
+    mode: Mode = "auto"
+    limit: SearchLimit = 3
+
+
+class ContextOut(BaseModel):
+    context: str = Field(description="the `Relevant knowledge` block, or empty when nothing matches")
+
+
+class PromptIn(Strict):
+    base_prompt: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+    user_text: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+    mode: Mode = "auto"
+    limit: SearchLimit = 3
+
+
+class PromptOut(BaseModel):
+    prompt: str
+
+
+class FactIn(Strict):
+    value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)]
+    source: SourceName = "stated"
+
+
+class FactOut(Out):
+    key: str
+    value: str
+    source: str
+    updated_at: datetime
+    note: str | None = Field(default=None, description="set when the value given was kept in history only: the "
+                             "current value comes from a stronger source")
+
+
+class FactChangeOut(Out):
+    key: str
+    value: str
+    source: str
+    set_at: datetime
+
+
+class MessageIn(Strict):
+    thread: Topic
+    role: Annotated[str, Field(min_length=1, max_length=64, examples=["user"])]
+    content: Text
+    ttl: Seconds | None = Field(None, description="seconds to keep it; default: the server's message retention")
+
+
+class MessageOut(Out):
+    id: str
+    thread: str
+    role: str
+    content: str
+    created_at: datetime
+    expires_at: datetime | None
+
+
+SCRUB_PENDING_HEADER = "X-Memshelf-Scrub-Pending"
+"""Sent with a 204 erasure when the erased text may still be in the database's files for a while (README)."""
+
+
+def erased_response(erased: Erased) -> Response:
+    headers = {SCRUB_PENDING_HEADER: "true"} if erased.scrub_pending else None
+    return Response(status_code=204, headers=headers)
+
+
+class ErasedOut(BaseModel):
+    memories: int
+    facts: int
+    fact_changes: int
+    messages: int
+    scrub_pending: bool = False  # erased text may still be in the database's files for a while (README, Erasure)
+
+    @classmethod
+    def of(cls, erased: Erased) -> ErasedOut:
+        return cls.model_validate(erased.as_dict())
+
+
+class ImportOut(BaseModel):
+    memories: int
+    facts: int
+    messages: int
+
+
+class KeyIn(Strict):
+    tenant: Annotated[str | None, Field(max_length=200, description="the tenant the key is bound to; "
+                                                                    "null makes an admin key")]
+    name: Annotated[str, Field(max_length=MAX_TOPIC_CHARS)] = ""
+
+
+class KeyOut(Out):
+    id: str
+    tenant: str | None
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class NewKeyOut(BaseModel):
+    key: KeyOut
+    secret: str = Field(description="shown this once; only its hash is stored")
