@@ -4,6 +4,7 @@ errors module is a leaf, and every module says what it exports."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import pkgutil
 import subprocess
@@ -62,3 +63,42 @@ def test_the_package_exports_what_it_did_as_one_module() -> None:
     assert callable(create_app) and callable(serve) and callable(app_from_env)
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         memshelf.server.nothing_here  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------- records as responses
+
+def record_fields(record: type) -> list[str]:
+    return [field.name for field in dataclasses.fields(record)]
+
+
+def test_response_models_show_every_field_of_their_record_in_its_order() -> None:
+    from memshelf.model import Fact, FactChange, Hit, Memory, Message
+    from memshelf.server.schemas import (ErasedOut, FactChangeOut, FactOut, HitOut, KeyOut, MemoryOut,
+                                         MessageOut)
+    from memshelf.stores.base import ApiKey, Erased
+
+    for model, record in ((MemoryOut, Memory), (HitOut, Hit), (FactChangeOut, FactChange), (MessageOut, Message),
+                          (KeyOut, ApiKey), (ErasedOut, Erased)):
+        assert list(model.model_fields) == record_fields(record), model.__name__
+    assert list(FactOut.model_fields) == [*(f for f in record_fields(Fact) if f != "outranked"), "note"]
+    assert HitOut.model_fields["memory"].annotation is MemoryOut
+
+
+def test_a_field_added_to_a_record_appears_in_the_answer() -> None:
+    from memshelf.server.schemas import Out, fields_of
+
+    @dataclasses.dataclass(frozen=True)
+    class Thread:
+        """A conversation thread."""
+
+        id: str
+        title: str
+        turns: int = 0
+
+    @fields_of(Thread)
+    class ThreadOut(Out):
+        pass
+
+    assert ThreadOut.of(Thread("t1", "printer", 3)).model_dump() == {"id": "t1", "title": "printer", "turns": 3}
+    schema = ThreadOut.model_json_schema()
+    assert schema["required"] == ["id", "title", "turns"] and schema["description"] == "A conversation thread."

@@ -1,26 +1,32 @@
-"""The bodies the HTTP API reads and writes. Requests are strict (an unknown field is an error); responses are
-filled from memshelf's records."""
+"""The bodies the HTTP API reads and writes. Requests are strict (an unknown field is an error); a response that
+shows one of memshelf's records (model.py's Memory, Fact, ...) takes its fields from the record itself, so a field
+added to a record appears in the API with no second edit."""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from datetime import datetime
-from typing import Annotated, Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
+from collections.abc import Callable, Collection, Mapping
 
 from fastapi import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..model import MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS
-from ..stores.base import Erased
+from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
+                     Message)
+from ..stores.base import ApiKey, Erased
 
 __all__ = ["MAX_BATCH", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn", "ContextOut",
            "ErasedOut", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "MemoryIn",
            "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PromptIn", "PromptOut", "SearchIn",
-           "SearchOut", "Strict", "erased_response"]
+           "SearchOut", "Strict", "erased_response", "fields_of"]
 
 MAX_SEARCH_LIMIT = 100
 MAX_BATCH = 1_000
 
 T = TypeVar("T")
+OutT = TypeVar("OutT", bound="Out")
 
 
 class Strict(BaseModel):
@@ -59,17 +65,25 @@ class Out(BaseModel):
         return cls.model_validate(record)
 
 
+def fields_of(record: type, *, omit: Collection[str] = (), nested: Mapping[str, type[Out]] | None = None,
+              extra: Mapping[str, tuple[Any, Any]] | None = None) -> Callable[[type[OutT]], type[OutT]]:
+    """A class decorator: the response model gets the fields of a record (a dataclass of model.py), in the
+    record's order, each always present in the answer; the record's docstring describes it in OpenAPI.
+
+    omit: fields the API does not show. nested: the response model of a field that is itself a record.
+    extra: fields after the record's, as (type, default or Field(...)), e.g. a property of the record."""
+    def derive(cls: type[OutT]) -> type[OutT]:
+        hints = typing.get_type_hints(record)
+        fields: dict[str, Any] = {field.name: ((nested or {}).get(field.name, hints[field.name]), ...)
+                                  for field in dataclasses.fields(record) if field.name not in omit}
+        fields |= extra or {}
+        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=record.__doc__, **fields)
+    return derive
+
+
+@fields_of(Memory)
 class MemoryOut(Out):
-    id: str
-    topic: str
-    content: str
-    source: str
-    confidence: float
-    created_at: datetime
-    expires_at: datetime | None
-    last_seen: datetime | None
-    observations: int
-    embed_model: str | None
+    pass
 
 
 class Page(BaseModel, Generic[T]):
@@ -84,11 +98,9 @@ class SearchIn(Strict):
     floor: float | None = Field(None, ge=-1.0, le=1.0, description="lowest cosine for meaning search")
 
 
+@fields_of(Hit, nested={"memory": MemoryOut})
 class HitOut(Out):
-    memory: MemoryOut
-    score: float
-    retriever: str
-    details: dict[str, float]
+    pass
 
 
 class SearchOut(BaseModel):
@@ -124,20 +136,15 @@ class FactIn(Strict):
     source: SourceName = "stated"
 
 
+@fields_of(Fact, omit={"outranked"}, extra={"note": (str | None, Field(default=None, description=(
+    "set when the value given was kept in history only: the current value comes from a stronger source")))})
 class FactOut(Out):
-    key: str
-    value: str
-    source: str
-    updated_at: datetime
-    note: str | None = Field(default=None, description="set when the value given was kept in history only: the "
-                             "current value comes from a stronger source")
+    pass
 
 
+@fields_of(FactChange)
 class FactChangeOut(Out):
-    key: str
-    value: str
-    source: str
-    set_at: datetime
+    pass
 
 
 class MessageIn(Strict):
@@ -147,13 +154,9 @@ class MessageIn(Strict):
     ttl: Seconds | None = Field(None, description="seconds to keep it; default: the server's message retention")
 
 
+@fields_of(Message)
 class MessageOut(Out):
-    id: str
-    thread: str
-    role: str
-    content: str
-    created_at: datetime
-    expires_at: datetime | None
+    pass
 
 
 SCRUB_PENDING_HEADER = "X-Memshelf-Scrub-Pending"
@@ -165,16 +168,9 @@ def erased_response(erased: Erased) -> Response:
     return Response(status_code=204, headers=headers)
 
 
-class ErasedOut(BaseModel):
-    memories: int
-    facts: int
-    fact_changes: int
-    messages: int
-    scrub_pending: bool = False  # erased text may still be in the database's files for a while (README, Erasure)
-
-    @classmethod
-    def of(cls, erased: Erased) -> ErasedOut:
-        return cls.model_validate(erased.as_dict())
+@fields_of(Erased)
+class ErasedOut(Out):
+    pass
 
 
 class ImportOut(BaseModel):
@@ -189,12 +185,9 @@ class KeyIn(Strict):
     name: Annotated[str, Field(max_length=MAX_TOPIC_CHARS)] = ""
 
 
+@fields_of(ApiKey)
 class KeyOut(Out):
-    id: str
-    tenant: str | None
-    name: str
-    created_at: datetime
-    revoked_at: datetime | None
+    pass
 
 
 class NewKeyOut(BaseModel):
