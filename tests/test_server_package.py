@@ -102,3 +102,11 @@ def test_a_field_added_to_a_record_appears_in_the_answer() -> None:
     assert ThreadOut.of(Thread("t1", "printer", 3)).model_dump() == {"id": "t1", "title": "printer", "turns": 3}
     schema = ThreadOut.model_json_schema()
     assert schema["required"] == ["id", "title", "turns"] and schema["description"] == "A conversation thread."
+
+
+def test_the_api_offers_the_search_modes_the_shelf_knows() -> None:
+    from memshelf.model import MODES
+    from memshelf.server.schemas import ContextIn, PromptIn, SearchIn
+
+    for body in (SearchIn, ContextIn, PromptIn):
+        assert tuple(body.model_json_schema()["properties"]["mode"]["enum"]) == MODES

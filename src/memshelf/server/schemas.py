@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 import typing
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, Generic, Self, TypeVar
 from collections.abc import Callable, Collection, Mapping
 
 from fastapi import Response
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
-                     Message)
+                     Message, Mode)
 from ..stores.base import ApiKey, Erased
 
 __all__ = ["MAX_BATCH", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn", "ContextOut",
@@ -39,7 +39,6 @@ SourceName = Annotated[str, Field(min_length=1, max_length=64, examples=["stated
                                   description="provenance: stated (1.0), mined (0.6), inferred (0.4) or one the "
                                               "server declares")]
 Seconds = Annotated[float, Field(gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
-Mode = Literal["auto", "keyword", "semantic", "hybrid"]
 SearchLimit = Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)]
 
 
