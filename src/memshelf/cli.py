@@ -23,7 +23,7 @@ from rich.table import Table
 
 from .errors import MemshelfError
 from .keywords import keywords
-from .model import FactChange, Owner
+from .model import MODES, FactChange, Owner
 from .shelf import Shelf
 
 app = typer.Typer(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
@@ -123,7 +123,7 @@ def remember(ctx: typer.Context, topic: str, content: str,
 
 @app.command()
 def search(ctx: typer.Context, question: str,
-           mode: str = typer.Option("auto", help="auto | keyword | semantic | hybrid"),
+           mode: str = typer.Option("auto", help=" | ".join(MODES)),
            limit: int = typer.Option(5, help="How many hits."),
            floor: float | None = typer.Option(None, help="Lowest cosine a meaning hit may have."),
            explain: bool = typer.Option(False, "--explain", help="Show which retriever found each hit and why.")
@@ -163,7 +163,7 @@ def search(ctx: typer.Context, question: str,
 
 @app.command()
 def context(ctx: typer.Context, question: str,
-            mode: str = typer.Option("auto", help="auto | keyword | semantic | hybrid")) -> None:
+            mode: str = typer.Option("auto", help=" | ".join(MODES))) -> None:
     """Print the 'Relevant knowledge' block for a question (nothing when nothing matches)."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import MemshelfError
 from .model import MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Owner
+from .server.errors import error_response
 from .shelf import Shelf
 
 MAX_RECALL = 20
@@ -273,8 +274,6 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from .server import error_response
-
         key = scope.get("state", {}).get("memshelf_key")
         if key is None or key.tenant is None:
             message = ("admin keys cannot use memory tools: use a key bound to a tenant" if key is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
+from typing import Literal, get_args
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -19,6 +20,10 @@ MAX_TOPIC_CHARS = 200
 MAX_ID_CHARS = 200
 MAX_FACT_KEY_CHARS = 200
 MAX_FACT_VALUE_CHARS = 4_000
+
+Mode = Literal["auto", "keyword", "semantic", "hybrid"]
+"""How a search finds memories: by words, by meaning, by both fused, or auto (hybrid when an embedder is set)."""
+MODES: tuple[Mode, ...] = get_args(Mode)
 
 MAX_TTL = timedelta(days=100 * 365)
 """Longest ttl accepted (about 100 years). For a record that should never expire, pass no ttl."""

@@ -23,8 +23,8 @@ from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from ._ids import is_id, new_id
 from .keywords import keywords
-from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
-                    Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
+from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
+                    Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
                     check_ttl, missing_changes, resolve_expiry, utcnow)
 from ._retrieval import Candidate, fuse
 from .stores.base import ApiKey, Erased, Position, Store, open_store
@@ -34,7 +34,6 @@ from ._vectors import pack
 log = logging.getLogger("memshelf")
 
 _DEFAULT = object()
-MODES = ("auto", "keyword", "semantic", "hybrid")
 MAX_LIMIT = 1_000
 MAX_QUERY_TERMS = 12
 DEFAULT_FLOOR = 0.20

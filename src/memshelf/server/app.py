@@ -1,0 +1,148 @@
+"""The app: `create_app` puts the routers, the error handlers, the middleware and the MCP endpoint together;
+`serve` runs it with uvicorn, in one process or several (`app_from_env` is what each worker builds)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from fastapi import FastAPI
+from starlette.routing import Route
+
+from ..errors import ConfigError
+from ..shelf import Shelf
+from .deps import MAX_LIST_LIMIT
+from .errors import ERROR_RESPONSES, install_error_handlers
+from .middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, body_limit_for
+from .routers import ROUTERS
+from .schemas import MAX_BATCH, MAX_SEARCH_LIMIT
+
+if TYPE_CHECKING:
+    from ..mcp import McpEndpoint
+
+__all__ = ["DESCRIPTION", "USER_HEADER", "app_from_env", "create_app", "serve"]
+
+USER_HEADER = "X-Memshelf-User"
+_UNSET: Any = object()
+
+DESCRIPTION = f"""
+memshelf's HTTP API. Every `/v1` request carries an API key (`Authorization: Bearer <key>` or `X-API-Key`);
+the tenant always comes from the key, the user from the path. Admin keys (no tenant) only reach `/v1/admin`.
+
+Errors are `{{"error": {{"type": ..., "message": ...}}}}`. Limits: bodies up to {MAX_BODY_BYTES >> 20} MiB
+(imports {MAX_IMPORT_BYTES >> 20} MiB), search `limit` 1..{MAX_SEARCH_LIMIT}, list `limit` 1..{MAX_LIST_LIMIT},
+batches up to {MAX_BATCH} memories. Lists are paged: pass `next_cursor` back as `cursor`.
+
+MCP (streamable HTTP) is at `/mcp`: the same key, and the user in the `{USER_HEADER}` header (or `?user=`).
+"""
+
+
+def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str | None = None,
+               embedder: Any = _UNSET, mcp: bool = True) -> FastAPI:
+    """The FastAPI app. `shelf` is a Shelf (the caller closes it) or a factory; without one, the app opens
+    `Shelf.open(target, embedder=embedder)` with Shelf.open's defaults for what is not given (MEMSHELF_DATABASE_URL
+    or MEMSHELF_DB, MEMSHELF_EMBEDDER) and closes it at shutdown."""
+    owned = not isinstance(shelf, Shelf)
+    opened = shelf if isinstance(shelf, Shelf) else (shelf or _opener(target, embedder))()
+    mcp_endpoint = _mcp_endpoint(opened) if mcp else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if mcp_endpoint is not None:
+                await stack.enter_async_context(mcp_endpoint.running())
+            try:
+                yield
+            finally:
+                if owned:
+                    opened.close()
+
+    app = FastAPI(title="memshelf", version=_version(), description=DESCRIPTION, lifespan=lifespan,
+                  responses=ERROR_RESPONSES)
+    app.state.shelf = opened
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    if mcp_endpoint is not None:
+        app.router.routes.append(Route("/mcp", mcp_endpoint, include_in_schema=False))  # an ASGI app: any method
+    app.add_middleware(BodyLimit, limit_for=body_limit_for)
+    app.add_middleware(ApiKeyAuth, shelf=opened)
+    return app
+
+
+def _opener(target: str | None, embedder: Any) -> Callable[[], Shelf]:
+    if embedder is _UNSET:
+        return lambda: Shelf.open(target)
+    return lambda: Shelf.open(target, embedder=embedder)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _mcp_endpoint(shelf: Shelf) -> McpEndpoint:
+    from ..mcp import McpEndpoint
+
+    return McpEndpoint(shelf)
+
+
+def app_from_env() -> FastAPI:
+    """The app each `memshelf serve` worker process builds for itself, configured by MEMSHELF_* variables
+    (MEMSHELF_DATABASE_URL or MEMSHELF_DB; MEMSHELF_EMBEDDER), which Shelf.open reads."""
+    return create_app()
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str | None = None,
+          embedder: str | None = None, log_level: str | None = None, access_log: bool | None = None) -> None:
+    """Run the HTTP server (blocks). With several workers each process opens its own Shelf on the same database
+    (SQLite in WAL mode, or PostgreSQL). log_level and access_log default to MEMSHELF_LOG_LEVEL (info) and
+    MEMSHELF_ACCESS_LOG (1; 0 turns the per-request log lines off). The caller's os.environ is left as it was."""
+    import uvicorn
+
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
+    level = log_level or os.environ.get("MEMSHELF_LOG_LEVEL", "info")
+    if access_log is None:
+        access_log = os.environ.get("MEMSHELF_ACCESS_LOG", "1").strip().lower() not in ("0", "false", "no", "off")
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": level.lower(), "access_log": access_log,
+                               "proxy_headers": False}
+    if workers == 1:  # one process: the app is built here and given its settings directly
+        uvicorn.run(create_app(target=db, embedder=_UNSET if embedder is None else embedder), **options)
+        return
+    with _environ(_worker_settings(db, embedder)):  # other processes learn the settings from the environment
+        uvicorn.run("memshelf.server:app_from_env", factory=True, workers=workers, **options)
+
+
+def _worker_settings(db: str | None, embedder: str | None) -> dict[str, str | None]:
+    """The MEMSHELF_* variables that tell each worker process what serve() was told (None: unset it)."""
+    settings: dict[str, str | None] = {}
+    if db is not None:
+        url = "://" in db
+        settings |= {"MEMSHELF_DATABASE_URL": db if url else None, "MEMSHELF_DB": None if url else db}
+    if embedder is not None:
+        settings["MEMSHELF_EMBEDDER"] = embedder
+    return settings
+
+
+@contextlib.contextmanager
+def _environ(settings: dict[str, str | None]) -> Iterator[None]:
+    """os.environ with `settings` applied while the block runs, then exactly as it was before."""
+    saved = {name: os.environ.get(name) for name in settings}
+    try:
+        for name, value in settings.items():
+            _set_env(name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            _set_env(name, value)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

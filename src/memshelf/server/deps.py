@@ -1,0 +1,94 @@
+"""What the routes share: the dependencies that find the shelf, the caller's key and the owner, and paging
+(`limit`, opaque `cursor`s)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, TypeVar
+from collections.abc import Sequence
+
+from fastapi import Depends, Path, Query, Request, Security
+from fastapi.security import APIKeyHeader, HTTPBearer
+
+from ..errors import InvalidInput
+from ..model import Owner
+from ..shelf import Shelf
+from ..stores.base import ApiKey
+from .errors import KEY_HINT, ApiError
+
+__all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "UserPath", "admin_key",
+           "caller_key", "offset_cursor", "page_of", "read_offset_cursor", "shelf_of", "user_owner"]
+
+MAX_LIST_LIMIT = 1_000
+
+T = TypeVar("T")
+
+ListLimit = Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description=f"page size, 1..{MAX_LIST_LIMIT}")]
+Cursor = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page, unchanged")]
+UserPath = Annotated[str, Path(min_length=1, max_length=200, description="the user inside your key's tenant")]
+
+
+# ---------------------------------------------------------------------------------------------- paging helpers
+
+def offset_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode().rstrip("=")
+
+
+def read_offset_cursor(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, number = text.partition(":")
+        if kind == "offset" and number.isdigit():
+            return int(number)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise InvalidInput(f"cursor {cursor[:40]!r} is not one this server gave out: pass next_cursor unchanged")
+
+
+def page_of(items: Sequence[T], limit: int, cursor: str | None) -> tuple[list[T], str | None]:
+    """Page through a list that is already in memory (facts, their history, keys)."""
+    start = read_offset_cursor(cursor)
+    chunk = list(items[start:start + limit])
+    return chunk, offset_cursor(start + limit) if start + limit < len(items) else None
+
+
+# ---------------------------------------------------------------------------------------------- dependencies
+
+_bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key, as an alternative header")
+
+
+async def shelf_of(request: Request) -> Shelf:
+    return request.app.state.shelf  # type: ignore[no-any-return]
+
+
+async def caller_key(request: Request, _bearer_doc: Any = Security(_bearer),
+               _header_doc: Any = Security(_api_key_header)) -> ApiKey:
+    """The key ApiKeyAuth checked (the Security parameters only document the two headers in OpenAPI)."""
+    key = getattr(request.state, "memshelf_key", None)
+    if key is None:
+        raise ApiError(401, "unauthorized", f"missing API key: {KEY_HINT}")
+    return key  # type: ignore[no-any-return]
+
+
+async def user_owner(user: UserPath, key: ApiKey = Depends(caller_key)) -> Owner:
+    """The owner of a user route: the tenant always comes from the key, the user from the path."""
+    if key.tenant is None:
+        raise ApiError(403, "forbidden", "admin keys only manage keys and tenants (/v1/admin): use a key bound "
+                                         "to a tenant for user data")
+    return Owner(key.tenant, user)
+
+
+async def admin_key(key: ApiKey = Depends(caller_key)) -> ApiKey:
+    if key.tenant is not None:
+        raise ApiError(403, "forbidden", "this endpoint needs an admin key: create one with "
+                                         "`memshelf keys create --admin`")
+    return key
+
+
+# The dependencies are async because they never block: a sync one would cost a trip to the thread pool.
+ShelfDep = Annotated[Shelf, Depends(shelf_of)]
+OwnerDep = Annotated[Owner, Depends(user_owner)]
+AdminDep = Annotated[ApiKey, Depends(admin_key)]

@@ -1,0 +1,140 @@
+"""The HTTP edge's errors: memshelf's exceptions become statuses here, and every error body has one shape:
+
+    {"error": {"type": "invalid_input", "message": "what is wrong, and what to do"}}
+
+A leaf: it imports nothing of memshelf but its exceptions, so the MCP endpoint answers in the same shape without
+importing the rest of the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from collections.abc import Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput,
+                      MemshelfError, NotFound, StoreError, StoreUnavailable, UnknownSource)
+
+__all__ = ["ERROR_RESPONSES", "KEY_HINT", "ApiError", "ErrorBody", "ErrorOut", "error_response", "http_error_response",
+           "install_error_handlers", "internal_error_response", "memshelf_error_response",
+           "validation_error_response"]
+
+log = logging.getLogger("memshelf.server")
+
+KEY_HINT = "create one with `memshelf keys create --tenant NAME` and send it as `Authorization: Bearer <key>`"
+"""What a request without a usable API key should do next."""
+
+_STATUS_OF: tuple[tuple[type[MemshelfError], int, str], ...] = (
+    (UnknownSource, 422, "unknown_source"),
+    (InvalidInput, 422, "invalid_input"),
+    (DimensionMismatch, 422, "dimension_mismatch"),
+    (NotFound, 404, "not_found"),
+    (ConfigError, 400, "not_configured"),
+    (StoreUnavailable, 503, "store_unavailable"),
+    (StoreError, 500, "store_error"),
+    (EmbedderUnavailable, 503, "embedder_unavailable"),
+    (EmbedderError, 502, "embedder_error"),
+    (MemshelfError, 400, "error"),
+)
+
+
+class ApiError(Exception):
+    """An HTTP answer decided at the edge (401, 403, 413, ...), in the one error shape."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+
+
+class ErrorBody(BaseModel):
+    type: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": text} for status, text in (
+        (400, "malformed JSON or a setting the server lacks"), (401, "missing, wrong or revoked API key"),
+        (403, "the key may not do this"), (404, "no such record for this owner"), (413, "body over the limit"),
+        (422, "invalid input"), (500, "the storage failed (not a lock)"),
+        (503, "storage busy or out of reach, retry"))}
+"""The error answers every route may give, as OpenAPI documents them."""
+
+
+def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
+
+
+def memshelf_error_response(exc: MemshelfError) -> JSONResponse:
+    status, kind = next((s, k) for cls, s, k in _STATUS_OF if isinstance(exc, cls))
+    if status >= 500:
+        log.warning("%s: %s", type(exc).__name__, exc)
+    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None)
+
+
+def _validation_message(errors: Sequence[dict[str, Any]]) -> str:
+    parts = []
+    for error in errors[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "; ".join(parts) + more + ". Fix the request; the schema of every endpoint is at /docs"
+
+
+def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    if any(error.get("type") == "json_invalid" for error in errors):
+        return error_response(400, "malformed_json", "the request body is not valid JSON: send a JSON object "
+                                                     "with Content-Type: application/json (see /docs)")
+    return error_response(422, "validation_error", _validation_message(errors))
+
+
+def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
+    kinds = {404: "not_found", 405: "method_not_allowed"}
+    messages = {404: "no such endpoint: the API is described at /docs",
+                405: "this endpoint does not accept that HTTP method: see /docs"}
+    message = messages.get(exc.status_code, str(exc.detail))
+    return error_response(exc.status_code, kinds.get(exc.status_code, "http_error"), message,
+                          dict(exc.headers) if exc.headers else None)
+
+
+def internal_error_response(exc: Exception) -> JSONResponse:
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return error_response(500, "internal_error", "the server failed unexpectedly; the details are in the server "
+                                                 "log. Retry, and report it if it keeps happening")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return error_response(exc.status, exc.kind, exc.message)
+
+    async def on_memshelf_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, MemshelfError)
+        return memshelf_error_response(exc)
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return validation_error_response(exc)
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return http_error_response(exc)
+
+    async def on_anything_else(_: Request, exc: Exception) -> JSONResponse:
+        return internal_error_response(exc)
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(MemshelfError, on_memshelf_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_anything_else)

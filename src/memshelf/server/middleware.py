@@ -1,0 +1,135 @@
+"""ASGI middleware that runs before any route: the API key check and the body size limit."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+from collections.abc import Callable
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Send
+
+from ..errors import MemshelfError
+from .errors import KEY_HINT, error_response, memshelf_error_response
+
+if TYPE_CHECKING:
+    from ..shelf import Shelf
+
+__all__ = ["MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "ApiKeyAuth", "BodyLimit", "bearer_secret", "body_limit_for"]
+
+MAX_BODY_BYTES = 1 << 20
+"""Largest request body (1 MiB). Larger ones get 413; split a big batch into several requests."""
+MAX_IMPORT_BYTES = 64 << 20
+"""Largest body of POST .../import (64 MiB of JSON Lines). Split bigger exports: importing is idempotent."""
+_PROTECTED = ("/v1/", "/mcp")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def bearer_secret(headers: Headers) -> str | None:
+    """The API key of a request: `Authorization: Bearer <key>`, else `X-API-Key: <key>`."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return headers.get("x-api-key", "").strip() or None
+
+
+class ApiKeyAuth:
+    """Authenticates every request under /v1/ and /mcp before anything reads its body.
+
+    The live key is put in the request state (`request.state.memshelf_key`); routes decide what it may do.
+    """
+
+    def __init__(self, app: ASGIApp, shelf: Shelf) -> None:
+        self.app, self.shelf = app, shelf
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(_PROTECTED):
+            await self.app(scope, receive, send)
+            return
+        secret = bearer_secret(Headers(scope=scope))
+        if secret is None:
+            await error_response(401, "unauthorized", f"missing API key: {KEY_HINT}")(scope, receive, send)
+            return
+        try:
+            key = await anyio.to_thread.run_sync(self.shelf.authenticate, secret)
+        except MemshelfError as exc:
+            await memshelf_error_response(exc)(scope, receive, send)
+            return
+        if key is None:
+            await error_response(401, "unauthorized", "wrong or revoked API key: check the key you send, or "
+                                                      + KEY_HINT)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["memshelf_key"] = key
+        await self.app(scope, receive, send)
+
+
+class Unread(enum.Enum):
+    """Why a body was not read to its end."""
+
+    TOO_LARGE = "too large"
+    CLIENT_GONE = "client gone"
+
+
+class BodyLimit:
+    """Refuses bodies over the limit with 413, by Content-Length and by counting the bytes actually received
+    (a chunked body has no Content-Length). The body is read before the route runs, then replayed to it."""
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
+        self.app, self.limit_for = app, limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._too_large(limit, scope, receive, send)
+            return
+        body = await self._read(receive, limit)
+        if body is Unread.TOO_LARGE:
+            await self._too_large(limit, scope, receive, send)
+        elif isinstance(body, bytes):
+            await self.app(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _read(receive: Receive, limit: int) -> bytes | Unread:
+        """The whole body, or why not: it passed the limit (stop reading at once), or the client hung up."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return Unread.CLIENT_GONE
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return Unread.TOO_LARGE
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _too_large(limit: int, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(413, "payload_too_large",
+                                  f"the request body is over the limit of {limit:,} bytes: split it into smaller "
+                                  "requests (e.g. several batches)", {"Connection": "close"})
+        await response(scope, receive, send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replayed() -> AsgiMessage:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def body_limit_for(path: str) -> int:
+    return MAX_IMPORT_BYTES if path.endswith("/import") else MAX_BODY_BYTES

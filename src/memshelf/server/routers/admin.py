@@ -1,0 +1,51 @@
+"""/v1/admin: API keys, erasing a tenant, purging expired records and counting them (admin keys only)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Response
+
+from ..deps import AdminDep, Cursor, ListLimit, ShelfDep, page_of
+from ..schemas import ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["admin"])
+
+
+@router.post("/v1/admin/keys", status_code=201)
+def create_key(_: AdminDep, shelf: ShelfDep, body: KeyIn) -> NewKeyOut:
+    """Make a key bound to a tenant (or, with tenant null, an admin key). The secret is shown once."""
+    key, secret = shelf.create_key(body.tenant, body.name)
+    return NewKeyOut(key=KeyOut.of(key), secret=secret)
+
+
+@router.get("/v1/admin/keys")
+def list_keys(_: AdminDep, shelf: ShelfDep, limit: ListLimit = 100, cursor: Cursor = None,
+              tenant: Annotated[str | None, Query(max_length=200)] = None) -> Page[KeyOut]:
+    items, next_cursor = page_of(shelf.list_keys(tenant), limit, cursor)
+    return Page[KeyOut](items=[KeyOut.of(k) for k in items], next_cursor=next_cursor)
+
+
+@router.delete("/v1/admin/keys/{key_id}", status_code=204)
+def revoke_key(_: AdminDep, shelf: ShelfDep, key_id: Annotated[str, Path(max_length=200)]) -> Response:
+    shelf.revoke_key(key_id)
+    return Response(status_code=204)
+
+
+@router.delete("/v1/admin/tenants/{tenant}")
+def forget_tenant(_: AdminDep, shelf: ShelfDep, tenant: Annotated[str, Path(max_length=200)]) -> ErasedOut:
+    """Erase every user of a tenant."""
+    return ErasedOut.of(shelf.forget_tenant(tenant))
+
+
+@router.post("/v1/admin/purge")
+def purge(_: AdminDep, shelf: ShelfDep) -> ErasedOut:
+    """Delete, for good, every memory and message whose expiry has passed."""
+    return ErasedOut.of(shelf.purge_expired())
+
+
+@router.get("/v1/admin/stats")
+def stats(_: AdminDep, shelf: ShelfDep) -> dict[str, Any]:
+    return shelf.stats()

@@ -1,0 +1,31 @@
+"""/v1/users/{user}/messages: a user's conversation turns, by thread."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from ...model import MAX_TOPIC_CHARS
+from ..deps import Cursor, ListLimit, OwnerDep, ShelfDep
+from ..schemas import MessageIn, MessageOut, Page
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["messages"])
+
+
+@router.post("/v1/users/{user}/messages", status_code=201)
+def log_message(owner: OwnerDep, shelf: ShelfDep, body: MessageIn) -> MessageOut:
+    """Append one conversation turn to a thread. Messages are history, never returned as knowledge."""
+    ttl = {} if body.ttl is None else {"ttl": body.ttl}
+    return MessageOut.of(shelf.log_message(owner, body.thread, body.role, body.content, **ttl))
+
+
+@router.get("/v1/users/{user}/messages")
+def list_messages(owner: OwnerDep, shelf: ShelfDep, limit: ListLimit = 50, cursor: Cursor = None,
+                  thread: Annotated[str | None, Query(min_length=1, max_length=MAX_TOPIC_CHARS)] = None
+                  ) -> Page[MessageOut]:
+    """The user's messages (of one thread, or all), newest first, one page at a time."""
+    items, next_cursor = shelf.list_messages(owner, thread, limit=limit, cursor=cursor)
+    return Page[MessageOut](items=[MessageOut.of(m) for m in items], next_cursor=next_cursor)

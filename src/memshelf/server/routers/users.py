@@ -1,0 +1,74 @@
+"""/v1/users/{user}: erase a user, and move a user's records out and in as JSON Lines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ...errors import InvalidInput
+from ..deps import OwnerDep, ShelfDep
+from ..middleware import MAX_IMPORT_BYTES
+from ..schemas import ErasedOut, ImportOut
+
+__all__ = ["parse_json_lines", "router"]
+
+router = APIRouter(tags=["users"])
+
+
+@router.delete("/v1/users/{user}")
+def forget_user(owner: OwnerDep, shelf: ShelfDep) -> ErasedOut:
+    """Erase every trace of the user: memories, vectors, index entries, facts and history, messages."""
+    return ErasedOut.of(shelf.forget_user(owner))
+
+
+@router.get("/v1/users/{user}/export",
+            responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSON Lines"}})
+def export(owner: OwnerDep, shelf: ShelfDep) -> StreamingResponse:
+    """Every live record of the user as JSON Lines, expired ones left out (feed it back to import)."""
+    lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in shelf.export(owner))
+    filename = f"memshelf-{owner.tenant}-{owner.user}.jsonl".encode("ascii", "replace").decode()
+    return StreamingResponse(lines, media_type="application/x-ndjson",
+                             headers={"Content-Disposition": f'attachment; filename="{_safe(filename)}"'})
+
+
+@router.post("/v1/users/{user}/import", openapi_extra={"requestBody": {
+    "required": True, "description": f"JSON Lines made by export, up to {MAX_IMPORT_BYTES >> 20} MiB",
+    "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}})
+async def import_(request: Request, owner: OwnerDep, shelf: ShelfDep) -> ImportOut:
+    """Load an export into this user, all or nothing; records the user already has are skipped."""
+    records = parse_json_lines(await request.body())
+    counts = await run_in_threadpool(shelf.import_, owner, records)
+    return ImportOut(**counts)
+
+
+def _safe(filename: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in filename)
+
+
+def parse_json_lines(body: bytes) -> list[dict[str, Any]]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput("the import body is not UTF-8: send the export file unchanged") from exc
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise InvalidInput(f"line {number} of the import is not JSON ({exc}): send the export file "
+                               "unchanged, one JSON object per line") from exc
+        except RecursionError:
+            raise InvalidInput(f"line {number} of the import is nested too deeply to be a memshelf record: send "
+                               "the export file unchanged") from None
+        if not isinstance(record, dict):
+            raise InvalidInput(f"line {number} of the import is not a JSON object: each line is one record")
+        records.append(record)
+    if not records:
+        raise InvalidInput("the import body is empty: send the JSON Lines that GET .../export produced")
+    return records

@@ -1,0 +1,194 @@
+"""The bodies the HTTP API reads and writes. Requests are strict (an unknown field is an error); a response that
+shows one of memshelf's records (model.py's Memory, Fact, ...) takes its fields from the record itself, so a field
+added to a record appears in the API with no second edit."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from datetime import datetime
+from typing import Annotated, Any, Generic, Self, TypeVar
+from collections.abc import Callable, Collection, Mapping
+
+from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
+                     Message, Mode)
+from ..stores.base import ApiKey, Erased
+
+__all__ = ["MAX_BATCH", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn", "ContextOut",
+           "ErasedOut", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "MemoryIn",
+           "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PromptIn", "PromptOut", "SearchIn",
+           "SearchOut", "Strict", "erased_response", "fields_of"]
+
+MAX_SEARCH_LIMIT = 100
+MAX_BATCH = 1_000
+
+T = TypeVar("T")
+OutT = TypeVar("OutT", bound="Out")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
+Topic = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS, examples=["network"])]
+SourceName = Annotated[str, Field(min_length=1, max_length=64, examples=["stated"],
+                                  description="provenance: stated (1.0), mined (0.6), inferred (0.4) or one the "
+                                              "server declares")]
+Seconds = Annotated[float, Field(gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
+SearchLimit = Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)]
+
+
+class MemoryIn(Strict):
+    topic: Topic
+    content: Text
+    source: SourceName = "stated"
+    ttl: Seconds | None = None
+    expires_at: datetime | None = Field(None, description="an ISO 8601 instant with a time zone; or use ttl")
+
+
+class BatchIn(Strict):
+    memories: list[MemoryIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class Out(BaseModel):
+    """A response model filled from a memshelf record's attributes of the same names: `Out.of(record)`."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, record: object) -> Self:
+        return cls.model_validate(record)
+
+
+def fields_of(record: type, *, omit: Collection[str] = (), nested: Mapping[str, type[Out]] | None = None,
+              extra: Mapping[str, tuple[Any, Any]] | None = None) -> Callable[[type[OutT]], type[OutT]]:
+    """A class decorator: the response model gets the fields of a record (a dataclass of model.py), in the
+    record's order, each always present in the answer; the record's docstring describes it in OpenAPI.
+
+    omit: fields the API does not show. nested: the response model of a field that is itself a record.
+    extra: fields after the record's, as (type, default or Field(...)), e.g. a property of the record."""
+    def derive(cls: type[OutT]) -> type[OutT]:
+        hints = typing.get_type_hints(record)
+        fields: dict[str, Any] = {field.name: ((nested or {}).get(field.name, hints[field.name]), ...)
+                                  for field in dataclasses.fields(record) if field.name not in omit}
+        fields |= extra or {}
+        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=record.__doc__, **fields)
+    return derive
+
+
+@fields_of(Memory)
+class MemoryOut(Out):
+    pass
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = Field(description="pass as `cursor` to get the next page; null on the last page")
+
+
+class SearchIn(Strict):
+    question: Text
+    mode: Mode = "auto"
+    limit: SearchLimit = 5
+    floor: float | None = Field(None, ge=-1.0, le=1.0, description="lowest cosine for meaning search")
+
+
+@fields_of(Hit, nested={"memory": MemoryOut})
+class HitOut(Out):
+    pass
+
+
+class SearchOut(BaseModel):
+    mode: str
+    degraded: bool = Field(description="true when meaning search was wanted but the embedder was unreachable")
+    reason: str | None
+    hits: list[HitOut]
+
+
+class ContextIn(Strict):
+    question: Text
+    mode: Mode = "auto"
+    limit: SearchLimit = 3
+
+
+class ContextOut(BaseModel):
+    context: str = Field(description="the `Relevant knowledge` block, or empty when nothing matches")
+
+
+class PromptIn(Strict):
+    base_prompt: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+    user_text: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+    mode: Mode = "auto"
+    limit: SearchLimit = 3
+
+
+class PromptOut(BaseModel):
+    prompt: str
+
+
+class FactIn(Strict):
+    value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)]
+    source: SourceName = "stated"
+
+
+@fields_of(Fact, omit={"outranked"}, extra={"note": (str | None, Field(default=None, description=(
+    "set when the value given was kept in history only: the current value comes from a stronger source")))})
+class FactOut(Out):
+    pass
+
+
+@fields_of(FactChange)
+class FactChangeOut(Out):
+    pass
+
+
+class MessageIn(Strict):
+    thread: Topic
+    role: Annotated[str, Field(min_length=1, max_length=64, examples=["user"])]
+    content: Text
+    ttl: Seconds | None = Field(None, description="seconds to keep it; default: the server's message retention")
+
+
+@fields_of(Message)
+class MessageOut(Out):
+    pass
+
+
+SCRUB_PENDING_HEADER = "X-Memshelf-Scrub-Pending"
+"""Sent with a 204 erasure when the erased text may still be in the database's files for a while (README)."""
+
+
+def erased_response(erased: Erased) -> Response:
+    headers = {SCRUB_PENDING_HEADER: "true"} if erased.scrub_pending else None
+    return Response(status_code=204, headers=headers)
+
+
+@fields_of(Erased)
+class ErasedOut(Out):
+    pass
+
+
+class ImportOut(BaseModel):
+    memories: int
+    facts: int
+    messages: int
+
+
+class KeyIn(Strict):
+    tenant: Annotated[str | None, Field(max_length=200, description="the tenant the key is bound to; "
+                                                                    "null makes an admin key")]
+    name: Annotated[str, Field(max_length=MAX_TOPIC_CHARS)] = ""
+
+
+@fields_of(ApiKey)
+class KeyOut(Out):
+    pass
+
+
+class NewKeyOut(BaseModel):
+    key: KeyOut
+    secret: str = Field(description="shown this once; only its hash is stored")
