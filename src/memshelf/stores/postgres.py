@@ -84,8 +84,7 @@ from psycopg_pool import ConnectionPool
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..ids import new_id
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
-from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
-                   register_store)
+from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again
 from .postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from .postgres_upkeep import Pair, Upkeep, scrub_settings
 
@@ -992,6 +991,3 @@ def _redigest(conn: psycopg.Connection) -> None:
                      " WHERE tenant = %s AND user_id = %s AND digest = %s)", (new, pk, tenant, user, new))
     conn.execute("RESET ROLE")
 
-
-register_store("postgresql", PostgresStore)
-register_store("postgres", PostgresStore)

@@ -19,8 +19,7 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 from ..vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import (CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again,
-                   register_store)
+from .base import CONTEXT_TURNS, ApiKey, Erased, Pending, Position, Scored, Store, digest, observe_again
 from .sqlite_fts import TenantIndexes
 from .sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
@@ -751,5 +750,3 @@ def _split_sql(script: str) -> list[str]:
         raise InvalidInput(f"incomplete SQL in migration: {buffer[:80]!r}")
     return statements
 
-
-register_store("sqlite", lambda target: SQLiteStore(target.removeprefix("sqlite://")))
