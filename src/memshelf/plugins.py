@@ -63,6 +63,16 @@ def _installed(module: str) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """What `memshelf providers` says about one provider name."""
+
+    name: str
+    origin: str  # the distribution that declares it ("memshelf 0.1.0"), or "registered in code"
+    available: bool
+    problem: str | None = None  # what is missing and how to install it, or why the plugin failed to load
+
+
 _lock = threading.Lock()
 _points: dict[str, dict[str, EntryPoint]] = {}
 
@@ -119,6 +129,10 @@ class PluginGroup(Generic[T]):
         point = _group_points(self.group).get(name.lower())
         return None if point is None else Plugin.of(point)
 
+    def origin(self, name: str) -> str:
+        plugin = self.plugin(name)
+        return plugin.distribution if plugin is not None else "registered in code"
+
     def get(self, name: str) -> T | None:
         """The provider an entry point of this name declares, loaded and cached; None when there is none."""
         key = name.lower()
@@ -152,8 +166,8 @@ class PluginGroup(Generic[T]):
             return self._accept(plugin, loaded)
         except TypeError as exc:
             raise self.error(
-                f"the {self.kind} plugin {plugin.name!r} ({plugin.value}, from {plugin.distribution}) is not a "
-                f"{self.kind} provider: {exc}. Its entry point in group {self.group!r} must name one") from exc
+                f"the {self.kind} plugin {plugin.name!r} ({plugin.value}, from {plugin.distribution}) does not name "
+                f"a provider of the {self.group!r} entry point group: {exc}") from exc
 
     def missing_own_hint(self) -> str:
         """A sentence for 'not found' messages when memshelf's own metadata declares nothing in this group, which

@@ -7,8 +7,8 @@ Nothing heavy is imported here; the local model's torch stack loads on its first
 
 from __future__ import annotations
 
-from .base import (Embedder, EmbedderProvider, default_embedder_spec, embedder_provider, embedding_deadline,
-                   embedding_time_left, register_embedder, registered_providers, resolve_embedder)
+from .base import (Embedder, EmbedderProvider, default_embedder_spec, embedder_availability, embedder_provider,
+                   embedding_deadline, embedding_time_left, register_embedder, registered_providers, resolve_embedder)
 from .local import LocalEmbedder
 from .ollama import OllamaEmbedder
 from .openai import OpenAIEmbedder
@@ -20,6 +20,7 @@ __all__ = [
     "OllamaEmbedder",
     "OpenAIEmbedder",
     "default_embedder_spec",
+    "embedder_availability",
     "embedder_provider",
     "embedding_deadline",
     "embedding_time_left",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
-from ..plugins import Plugin, PluginGroup, missing_modules
+from ..plugins import Availability, Plugin, PluginGroup, missing_modules
 
 
 class Embedder(ABC):
@@ -222,15 +222,35 @@ def resolve_embedder(spec: object) -> Embedder | None:
             "Register your own with memshelf.register_embedder(name, factory), or install a distribution "
             f"that declares it in the 'memshelf.embedders' entry point group{_PLUGINS.missing_own_hint()}"
         )
-    missing = found.missing()
-    if missing:
-        needs = " and ".join(missing)
-        install = found.install or f"install {needs}"
-        raise EmbedderError(
-            f"the {provider.lower()} embedder needs {needs}, which {'is' if len(missing) == 1 else 'are'} not "
-            f"installed: {install}, or choose another embedder (or 'none' for keyword search only)"
-        )
+    problem = _unavailable(provider.lower(), found)
+    if problem is not None:
+        raise EmbedderError(problem)
     return found.create(model or None)
+
+
+def _unavailable(name: str, provider: EmbedderProvider) -> str | None:
+    """Why the provider cannot be used here (what is missing and how to install it), or None when it can."""
+    missing = provider.missing()
+    if not missing:
+        return None
+    needs = " and ".join(missing)
+    return (f"the {name} embedder needs {needs}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"{provider.install or 'install ' + needs}, or choose another embedder (or 'none' for keyword search only)")
+
+
+def embedder_availability() -> list[Availability]:
+    """Every embedder provider, where it comes from, and whether it can be used here (`memshelf providers`)."""
+    return [_availability(name) for name in registered_providers()]
+
+
+def _availability(name: str) -> Availability:
+    origin = "registered in code" if name in _REGISTRY else _PLUGINS.origin(name)
+    try:
+        found = embedder_provider(name)
+    except EmbedderError as exc:  # a plugin that fails to load is reported, not raised, in a listing
+        return Availability(name, origin, False, str(exc))
+    problem = None if found is None else _unavailable(name, found)
+    return Availability(name, origin, problem is None, problem)
 
 
 def default_embedder_spec() -> str | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..plugins import Plugin, PluginGroup, missing_modules
+from ..plugins import Availability, Plugin, PluginGroup, missing_modules
 
 if TYPE_CHECKING:
     from .base import Store
@@ -83,6 +83,23 @@ def store_provider(scheme: str) -> StoreProvider | None:
     """The backend for a scheme, a registration in code first, then an entry point (loaded on first use)."""
     key = scheme.lower()
     return _SCHEMES.get(key) or _PLUGINS.get(key)
+
+
+def store_availability() -> list[Availability]:
+    """Every storage scheme, where its backend comes from, and whether it can be used here (`memshelf providers`)."""
+    return [_availability(scheme) for scheme in registered_schemes()]
+
+
+def _availability(scheme: str) -> Availability:
+    origin = "registered in code" if scheme in _SCHEMES else _PLUGINS.origin(scheme)
+    try:
+        found = store_provider(scheme)
+    except ConfigError as exc:  # a plugin that fails to load is reported, not raised, in a listing
+        return Availability(scheme, origin, False, str(exc))
+    missing = [] if found is None else found.missing()
+    if found is None or not missing:
+        return Availability(scheme, origin, found is not None)
+    return Availability(scheme, origin, False, str(_needs_extras(scheme, found, missing[0])))
 
 
 def _usable_provider(target: str) -> tuple[str, StoreProvider]:
