@@ -17,7 +17,7 @@ import importlib.util
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import MemshelfError
 
@@ -36,18 +36,24 @@ class Plugin:
     group: str
     name: str
     value: str  # "module:attribute"
-    distribution: str  # "name version", or "an unknown distribution" when the metadata does not say
+    project: str | None  # the distribution's name, None when the metadata does not say
+    version: str | None
 
     @classmethod
     def of(cls, point: EntryPoint) -> Plugin:
         dist = point.dist
-        where = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
-        return cls(point.group, point.name.lower(), point.value, where)
+        if dist is None:
+            return cls(point.group, point.name.lower(), point.value, None, None)
+        return cls(point.group, point.name.lower(), point.value, dist.name, dist.version)
+
+    @property
+    def distribution(self) -> str:
+        return f"{self.project} {self.version}" if self.project else "an unknown distribution"
 
     @property
     def own(self) -> bool:
         """Declared by memshelf itself (a built-in provider)."""
-        return self.distribution.split(" ", 1)[0].lower() == OWN_DISTRIBUTION
+        return (self.project or "").lower() == OWN_DISTRIBUTION
 
 
 def missing_modules(requires: Sequence[str]) -> list[str]:
@@ -75,6 +81,7 @@ class Availability:
 
 _lock = threading.Lock()
 _points: dict[str, dict[str, EntryPoint]] = {}
+_groups: list[PluginGroup[Any]] = []
 
 
 def _group_points(group: str) -> dict[str, EntryPoint]:
@@ -97,27 +104,24 @@ def rescan() -> None:
     is installed in a running process, and in tests)."""
     with _lock:
         _points.clear()
-    for group in list(_GROUPS.values()):
+    for group in _groups:
         group.forget()
-
-
-_GROUPS: dict[str, PluginGroup[object]] = {}
 
 
 class PluginGroup(Generic[T]):
     """The providers of one entry point group: their names (no import), and each provider loaded on demand.
 
-    `accept(plugin, loaded)` turns the object an entry point names into the group's provider type, or raises
-    TypeError saying what was expected. Loading failures of every kind become `error`, naming the plugin and the
+    `accept(loaded)` turns the object an entry point names into the group's provider type, or raises TypeError
+    saying what was expected. Loading failures of every kind become `error`, naming the plugin and the
     distribution that declared it, with the original exception chained.
     """
 
     def __init__(self, group: str, kind: str, error: type[MemshelfError],
-                 accept: Callable[[Plugin, object], T]) -> None:
+                 accept: Callable[[object], T]) -> None:
         self.group, self.kind, self.error, self._accept = group, kind, error, accept
         self._loaded: dict[str, T] = {}
         self._lock = threading.Lock()
-        _GROUPS[group] = self  # type: ignore[assignment]  # rescan() only calls forget(), which is type-agnostic
+        _groups.append(self)
 
     def plugins(self) -> list[Plugin]:
         return [Plugin.of(point) for _, point in sorted(_group_points(self.group).items())]
@@ -160,10 +164,10 @@ class PluginGroup(Generic[T]):
         except Exception as exc:
             raise self.error(
                 f"the {self.kind} plugin {plugin.name!r} ({plugin.value}, from {plugin.distribution}) failed to "
-                f"load: {type(exc).__name__}: {exc}. Fix or reinstall that distribution, or uninstall it "
-                f"(pip uninstall {plugin.distribution.split(' ', 1)[0]})") from exc
+                f"load: {type(exc).__name__}: {exc}. Fix or reinstall that distribution, or uninstall it"
+                + (f" (pip uninstall {plugin.project})" if plugin.project else "")) from exc
         try:
-            return self._accept(plugin, loaded)
+            return self._accept(loaded)
         except TypeError as exc:
             raise self.error(
                 f"the {self.kind} plugin {plugin.name!r} ({plugin.value}, from {plugin.distribution}) does not name "

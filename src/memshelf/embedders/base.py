@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
-from ..plugins import Availability, Plugin, PluginGroup, missing_modules
+from ..plugins import Availability, PluginGroup, missing_modules
 
 
 class Embedder(ABC):
@@ -170,7 +170,7 @@ class EmbedderProvider:
         return not self.missing()
 
 
-def _accept(plugin: Plugin, loaded: object) -> EmbedderProvider:
+def _accept(loaded: object) -> EmbedderProvider:
     if isinstance(loaded, EmbedderProvider):
         return loaded
     if callable(loaded):

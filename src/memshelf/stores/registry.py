@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..plugins import Availability, Plugin, PluginGroup, missing_modules
+from ..plugins import Availability, PluginGroup, missing_modules
 
 if TYPE_CHECKING:
     from .base import Store
@@ -50,7 +50,7 @@ class StoreProvider:
         return not self.missing()
 
 
-def _accept(plugin: Plugin, loaded: object) -> StoreProvider:
+def _accept(loaded: object) -> StoreProvider:
     if isinstance(loaded, StoreProvider):
         return loaded
     if callable(loaded):
