@@ -223,6 +223,19 @@ def test_the_local_model_is_available_and_the_default_because_its_provider_says_
     assert schemes["postgresql"].available  # the test environment installs the 'postgres' extra
 
 
+def test_a_source_tree_that_was_never_installed_is_told_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """memshelf's own providers come from its installed metadata: running the sources without it must say so."""
+    plugins.rescan()  # nothing loaded earlier in this process is kept
+    monkeypatch.setattr(plugins, "_points", {"memshelf.stores": {}, "memshelf.embedders": {}})
+    with pytest.raises(ConfigError, match=r"no storage backend for 'sqlite' URLs .* install memshelf, e.g. "
+                                          r"`pip install -e \.` in a source checkout"):
+        open_store(str(tmp_path / "memory.db"))
+    with pytest.raises(EmbedderError, match="install memshelf"):
+        resolve_embedder("local")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------- a third party's, in this process
 def test_a_plugin_embedder_and_store_are_found_by_name(toy_site: Path, installed: Callable[[Path], None],
                                                         tmp_path: Path) -> None:
