@@ -6,7 +6,6 @@ from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnav
 from .keywords import keywords
 from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
 from .shelf import Shelf
-from .stores import sqlite as _sqlite  # noqa: F401  registers the embedded default backend
 from .stores.base import ApiKey, Erased, Store, register_store
 
 __all__ = [

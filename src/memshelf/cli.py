@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .embedders.base import embedder_availability, registered_providers
 from .errors import MemshelfError
 from .keywords import keywords
 from .model import MODES, FactChange, Owner
@@ -52,6 +53,12 @@ class Settings:
         return Owner(self.tenant, self.user)
 
 
+def _embedder_help() -> str:
+    """The --embedder help, naming every provider installed (built in or a plugin's) without loading any."""
+    return (f"PROVIDER[:MODEL] with PROVIDER one of {', '.join(registered_providers())}; or none "
+            "(default: local when installed; see `memshelf providers`)")
+
+
 @app.callback()
 def main_options(
     ctx: typer.Context,
@@ -59,9 +66,7 @@ def main_options(
                                      "[env: MEMSHELF_DATABASE_URL or MEMSHELF_DB; default ./memshelf.db]"),
     tenant: str | None = typer.Option(None, "--tenant", envvar="MEMSHELF_TENANT", help="Owner's tenant."),
     user: str | None = typer.Option(None, "--user", envvar="MEMSHELF_USER", help="Owner's user."),
-    embedder: str | None = typer.Option(None, "--embedder", envvar="MEMSHELF_EMBEDDER",
-                                           help="local | ollama:MODEL | openai:MODEL | none "
-                                                "[default: local when installed]"),
+    embedder: str | None = typer.Option(None, "--embedder", envvar="MEMSHELF_EMBEDDER", help=_embedder_help()),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ctx.obj = Settings(db, tenant, user, embedder, as_json)
@@ -415,6 +420,25 @@ def keys_revoke(ctx: typer.Context, key_id: str) -> None:
     with _shelf(ctx, embedder=None) as shelf:
         shelf.revoke_key(key_id)
     out.print(f"revoked {key_id}")
+
+
+@app.command()
+def providers(ctx: typer.Context) -> None:
+    """List the embedders and storage backends installed (built in or from plugins) and whether each can be used."""
+    from .stores.registry import store_availability
+
+    s = _settings(ctx)
+    rows = [("embedder", found) for found in embedder_availability()]
+    rows += [("store", found) for found in store_availability()]
+    if s.as_json:
+        _emit_json([{"kind": kind, **_plain(found)} for kind, found in rows])
+        return
+    table = Table(box=None)
+    for column in ("kind", "name", "from", "status"):
+        table.add_column(column)
+    for kind, found in rows:
+        table.add_row(kind, found.name, found.origin, "available" if found.available else str(found.problem))
+    out.print(table, markup=False, highlight=False)
 
 
 # ---------------------------------------------------------------- demo

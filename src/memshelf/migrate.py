@@ -17,19 +17,17 @@ API keys are copied with their hashes (secrets are never known), revoked ones in
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
-from .errors import InvalidInput, MemshelfError
+from .errors import MemshelfError
 from .model import Owner, missing_changes
 from .exports import EVERYTHING, canonical_line, owner_records
 from .stores.base import Store, open_store
+from .stores.registry import check_existing_store
 from .stores.tables import OWNER_TABLES, counted_by_kind, exported_kinds
 
 DEFAULT_BATCH = 1_000
@@ -115,56 +113,10 @@ def copy_store(source: Store, dest: Store, *, batch: int = DEFAULT_BATCH,
 # ---------------------------------------------------------------- refusals, before anything is written
 def check_source(target: str) -> None:
     """Refuse a source that is not a memshelf store, before opening it: opening a store creates it (a new SQLite
-    file, memshelf's tables and roles in a PostgreSQL database), which a source must never be. Backends registered
-    by plugins are opened as they are."""
-    scheme, separator, _ = target.partition("://")
-    check = _SOURCE_CHECKS.get(scheme.lower() if separator else "sqlite")
-    if check is not None:
-        check(target)
-
-
-def _check_sqlite_source(target: str) -> None:
-    path = Path(target.removeprefix("sqlite://")).expanduser()
-    if not path.is_file():
-        raise InvalidInput(f"the source {target!r} does not exist: nothing was copied or created. Check the path of "
-                           "the SQLite file to copy from (the one MEMSHELF_DB or --db named), or give a "
-                           "postgresql:// URL")
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.Error as exc:
-        raise InvalidInput(f"cannot read the source {target!r} as a SQLite database ({exc}): nothing was copied. "
-                           "Check that the path names the file memshelf wrote") from exc
-    _require_tables(target, tables)
-
-
-def _check_postgres_source(target: str) -> None:
-    try:
-        import psycopg
-
-        from .stores.postgres import _redact
-    except ImportError:
-        return  # opening the store says which extra to install
-    try:
-        with psycopg.connect(target, connect_timeout=15) as conn:
-            rows = conn.execute("SELECT c.relname FROM pg_class c WHERE c.relkind IN ('r', 'p')"
-                                " AND c.relname = ANY(%s) AND pg_table_is_visible(c.oid)",
-                                (sorted(_REQUIRED_TABLES),)).fetchall()
-    except psycopg.Error as exc:
-        raise InvalidInput(f"cannot read the source {_redact(target)} ({str(exc).strip()}): nothing was copied. "
-                           "Check the URL, that the database exists and that the server is running") from exc
-    _require_tables(_redact(target), {r[0] for r in rows})
-
-
-_REQUIRED_TABLES = {"memshelf_migrations", "memories"}
-_SOURCE_CHECKS: dict[str, Callable[[str], None]] = {
-    "sqlite": _check_sqlite_source, "postgresql": _check_postgres_source, "postgres": _check_postgres_source}
-
-
-def _require_tables(where: str, tables: set[str]) -> None:
-    if not _REQUIRED_TABLES <= tables:
-        raise InvalidInput(f"the source {where} has no memshelf tables: nothing was copied or created. Check that "
-                           "it names the store memshelf wrote to (source first, destination second)")
+    file, memshelf's tables and roles in a PostgreSQL database), which a source must never be. Each backend says
+    what an existing store of its own is (its provider's `check_existing` hook); one without the hook is opened as
+    it is."""
+    check_existing_store(target)
 
 
 def _refuse_conflicts(source: Store, dest: Store, owners: Sequence[Owner]) -> None:

