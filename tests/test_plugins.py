@@ -20,7 +20,7 @@ from mcp.client.stdio import stdio_client
 from test_server import bearer, free_port, wait_healthy
 
 from memshelf import Owner, Shelf
-from memshelf import plugins
+from memshelf import _plugins as plugins
 from memshelf.embedders import base as embedders
 from memshelf.embedders import (EmbedderProvider, default_embedder_spec, embedder_availability, register_embedder,
                                 registered_providers, resolve_embedder)

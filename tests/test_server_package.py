@@ -29,17 +29,17 @@ def loaded_after(statement: str) -> set[str]:
 
 def test_mcp_imports_only_the_errors_leaf_of_the_server() -> None:
     server_modules = {m for m in loaded_after("import memshelf.mcp") if m.startswith("memshelf.server")}
-    assert server_modules == {"memshelf.server", "memshelf.server.errors"}
+    assert server_modules == {"memshelf.server", "memshelf.server._errors"}
 
 
 def test_the_server_imports_mcp_only_when_an_app_is_built() -> None:
-    loaded = loaded_after("import memshelf.server.app; from memshelf.server import create_app, serve")
-    assert "memshelf.server.routers.memories" in loaded and "memshelf.mcp" not in loaded
+    loaded = loaded_after("import memshelf.server._app; from memshelf.server import create_app, serve")
+    assert "memshelf.server._routers.memories" in loaded and "memshelf.mcp" not in loaded
 
 
 def test_errors_is_a_leaf() -> None:
-    """memshelf.server.errors imports nothing of memshelf but its exceptions and records."""
-    tree = ast.parse((SERVER_DIR / "errors.py").read_text(encoding="utf-8"))
+    """memshelf.server._errors imports nothing of memshelf but its exceptions and records."""
+    tree = ast.parse((SERVER_DIR / "_errors.py").read_text(encoding="utf-8"))
     relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
     assert relative <= {"errors", "model"}
 
@@ -73,7 +73,7 @@ def record_fields(record: type) -> list[str]:
 
 def test_response_models_show_every_field_of_their_record_in_its_order() -> None:
     from memshelf.model import Fact, FactChange, Hit, Memory, Message
-    from memshelf.server.schemas import (ErasedOut, FactChangeOut, FactOut, HitOut, KeyOut, MemoryOut,
+    from memshelf.server._schemas import (ErasedOut, FactChangeOut, FactOut, HitOut, KeyOut, MemoryOut,
                                          MessageOut)
     from memshelf.stores.base import ApiKey, Erased
 
@@ -85,7 +85,7 @@ def test_response_models_show_every_field_of_their_record_in_its_order() -> None
 
 
 def test_a_field_added_to_a_record_appears_in_the_answer() -> None:
-    from memshelf.server.schemas import Out, fields_of
+    from memshelf.server._schemas import Out, fields_of
 
     @dataclasses.dataclass(frozen=True)
     class Thread:
@@ -106,7 +106,7 @@ def test_a_field_added_to_a_record_appears_in_the_answer() -> None:
 
 def test_the_api_offers_the_search_modes_the_shelf_knows() -> None:
     from memshelf.model import MODES
-    from memshelf.server.schemas import ContextIn, PromptIn, SearchIn
+    from memshelf.server._schemas import ContextIn, PromptIn, SearchIn
 
     for body in (SearchIn, ContextIn, PromptIn):
         assert tuple(body.model_json_schema()["properties"]["mode"]["enum"]) == MODES

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import MemshelfError
 from .model import MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Owner
-from .server.errors import error_response
+from .server._errors import error_response
 from .shelf import Shelf
 
 MAX_RECALL = 20

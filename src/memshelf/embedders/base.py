@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
-from ..plugins import Availability, PluginGroup, missing_modules
+from .._plugins import Availability, PluginGroup, missing_modules
 
 
 class Embedder(ABC):

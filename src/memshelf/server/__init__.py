@@ -12,7 +12,7 @@ MAX_IMPORT_BYTES), `limit` 1..100 on search and 1..1000 on lists, and opaque `cu
 The modules, by role: errors (the edge's error mapping, a leaf the MCP endpoint imports too), middleware (key
 check, body limit), schemas (request and response bodies), deps (dependencies and paging), routers/ (one module
 per resource) and app (create_app, serve). The names below are loaded when first used, so importing
-`memshelf.server.errors` does not build the rest of the server.
+`memshelf.server._errors` does not build the rest of the server.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import app_from_env as app_from_env, create_app as create_app, serve as serve
-    from .deps import MAX_LIST_LIMIT as MAX_LIST_LIMIT
-    from .middleware import MAX_BODY_BYTES as MAX_BODY_BYTES, MAX_IMPORT_BYTES as MAX_IMPORT_BYTES
-    from .schemas import (MAX_BATCH as MAX_BATCH, MAX_SEARCH_LIMIT as MAX_SEARCH_LIMIT,
+    from ._app import app_from_env as app_from_env, create_app as create_app, serve as serve
+    from ._deps import MAX_LIST_LIMIT as MAX_LIST_LIMIT
+    from ._middleware import MAX_BODY_BYTES as MAX_BODY_BYTES, MAX_IMPORT_BYTES as MAX_IMPORT_BYTES
+    from ._schemas import (MAX_BATCH as MAX_BATCH, MAX_SEARCH_LIMIT as MAX_SEARCH_LIMIT,
                           SCRUB_PENDING_HEADER as SCRUB_PENDING_HEADER)
 
 __all__ = ["MAX_BATCH", "MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MAX_LIST_LIMIT", "MAX_SEARCH_LIMIT",
            "SCRUB_PENDING_HEADER", "app_from_env", "create_app", "serve"]
 
-_HOME = {"app_from_env": "app", "create_app": "app", "serve": "app", "MAX_LIST_LIMIT": "deps",
-         "MAX_BODY_BYTES": "middleware", "MAX_IMPORT_BYTES": "middleware", "MAX_BATCH": "schemas",
-         "MAX_SEARCH_LIMIT": "schemas", "SCRUB_PENDING_HEADER": "schemas"}
+_HOME = {"app_from_env": "_app", "create_app": "_app", "serve": "_app", "MAX_LIST_LIMIT": "_deps",
+         "MAX_BODY_BYTES": "_middleware", "MAX_IMPORT_BYTES": "_middleware", "MAX_BATCH": "_schemas",
+         "MAX_SEARCH_LIMIT": "_schemas", "SCRUB_PENDING_HEADER": "_schemas"}
 """The module of each exported name."""
 
 

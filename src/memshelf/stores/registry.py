@@ -1,6 +1,6 @@
 """Which storage backend opens a target: providers registered in code, then those of the `memshelf.stores` entry
 point group, keyed by URL scheme. memshelf's own backends are entry points too (pyproject.toml names
-stores/providers.py), so nothing here names one; a plain path is a `sqlite://` target."""
+stores/_providers.py), so nothing here names one; a plain path is a `sqlite://` target."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..plugins import Availability, PluginGroup, missing_modules
+from .._plugins import Availability, PluginGroup, missing_modules
 
 if TYPE_CHECKING:
     from .base import Store

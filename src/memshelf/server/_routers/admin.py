@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from ..deps import AdminDep, Cursor, ListLimit, ShelfDep, page_of
-from ..schemas import ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
+from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, page_of
+from .._schemas import ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
 
 __all__ = ["router"]
 

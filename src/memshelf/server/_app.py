@@ -13,11 +13,11 @@ from starlette.routing import Route
 
 from ..errors import ConfigError
 from ..shelf import Shelf
-from .deps import MAX_LIST_LIMIT
-from .errors import ERROR_RESPONSES, install_error_handlers
-from .middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, body_limit_for
-from .routers import ROUTERS
-from .schemas import MAX_BATCH, MAX_SEARCH_LIMIT
+from ._deps import MAX_LIST_LIMIT
+from ._errors import ERROR_RESPONSES, install_error_handlers
+from ._middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, body_limit_for
+from ._routers import ROUTERS
+from ._schemas import MAX_BATCH, MAX_SEARCH_LIMIT
 
 if TYPE_CHECKING:
     from ..mcp import McpEndpoint

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from ...model import MAX_TOPIC_CHARS
-from ..deps import Cursor, ListLimit, OwnerDep, ShelfDep
-from ..schemas import MessageIn, MessageOut, Page
+from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
+from .._schemas import MessageIn, MessageOut, Page
 
 __all__ = ["router"]
 

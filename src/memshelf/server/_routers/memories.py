@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from ..deps import Cursor, ListLimit, OwnerDep, ShelfDep
-from ..schemas import BatchIn, MemoryIn, MemoryOut, Page, erased_response
+from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
+from .._schemas import BatchIn, MemoryIn, MemoryOut, Page, erased_response
 
 __all__ = ["router"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ..deps import OwnerDep, ShelfDep
-from ..schemas import ContextIn, ContextOut, HitOut, PromptIn, PromptOut, SearchIn, SearchOut
+from .._deps import OwnerDep, ShelfDep
+from .._schemas import ContextIn, ContextOut, HitOut, PromptIn, PromptOut, SearchIn, SearchOut
 
 __all__ = ["router"]
 

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from ...model import MAX_FACT_KEY_CHARS
-from ..deps import Cursor, ListLimit, OwnerDep, ShelfDep, page_of
-from ..schemas import FactChangeOut, FactIn, FactOut, Page, erased_response
+from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, page_of
+from .._schemas import FactChangeOut, FactIn, FactOut, Page, erased_response
 
 __all__ = ["router"]
 

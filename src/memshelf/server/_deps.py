@@ -14,7 +14,7 @@ from ..errors import InvalidInput
 from ..model import Owner
 from ..shelf import Shelf
 from ..stores.base import ApiKey
-from .errors import KEY_HINT, ApiError
+from ._errors import KEY_HINT, ApiError
 
 __all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "UserPath", "admin_key",
            "caller_key", "offset_cursor", "page_of", "read_offset_cursor", "shelf_of", "user_owner"]

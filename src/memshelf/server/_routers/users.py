@@ -10,9 +10,9 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import InvalidInput
-from ..deps import OwnerDep, ShelfDep
-from ..middleware import MAX_IMPORT_BYTES
-from ..schemas import ErasedOut, ImportOut
+from .._deps import OwnerDep, ShelfDep
+from .._middleware import MAX_IMPORT_BYTES
+from .._schemas import ErasedOut, ImportOut
 
 __all__ = ["parse_json_lines", "router"]
 

@@ -11,7 +11,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Send
 
 from ..errors import MemshelfError
-from .errors import KEY_HINT, error_response, memshelf_error_response
+from ._errors import KEY_HINT, error_response, memshelf_error_response
 
 if TYPE_CHECKING:
     from ..shelf import Shelf
