@@ -35,9 +35,11 @@ LANGUAGE = (r"english|spanish|portuguese|french|german|italian|dutch|polish|russ
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One pattern and what its match becomes. `key` and `content` are templates over the match's named groups
-    ({v} is the cleaned value); a rule has a key (a fact) or a topic (a memory)."""
+    ({v} is the cleaned value); a rule has a key (a fact) or a topic (a memory). The cues are a cheap test run
+    first: most sentences hold none of a rule's words, and a substring test costs far less than a search."""
 
     name: str
+    cues: tuple[str, ...]  # lower-case strings of which the sentence must hold one for the pattern to be tried
     pattern: str
     value: str = "text"  # how `v` is cleaned: a name in CLEANERS
     key: str | None = None
@@ -50,103 +52,145 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     # explicit requests: the user's own words, kept as said
-    Rule("remember", r"^(?:(?:can|could|would|will) you )?(?:please )?(?:remember|note|keep in mind|don't forget|"
+    Rule("remember", ("remember", "note", "keep in mind", "forget"),
+         r"^(?:(?:can|could|would|will) you )?(?:please )?(?:remember|note|keep in mind|don't forget|"
          r"do not forget|make a note)(?: that| this)?[:,]? (?!when\b|what\b|how\b|where\b|who\b|the time\b)"
          r"(?P<v>.{3,300})$", value="request", topic="noted", content="{v}", source="stated",
          negation_ok=True, question_ok=True),
     # names and what to call the user
-    Rule("name", r"\bmy (?:full |first |real )?name(?: is|'s|’s) " + PROPER, value="proper", key="user_name"),
-    Rule("name_called", I_AM + r" (?:called|named) " + PROPER, value="proper", key="user_name"),
-    Rule("call_me", r"\b(?:call me|i go by|i prefer to be called|my nickname is|everyone calls me) " + PROPER,
+    Rule("name", ("name",),
+         r"\bmy (?:full |first |real )?name(?: is|'s|’s) " + PROPER, value="proper", key="user_name"),
+    Rule("name_called", ("called", "named"),
+         I_AM + r" (?:called|named) " + PROPER, value="proper", key="user_name"),
+    Rule("call_me", ("call me", "go by", "called", "nickname", "calls me"),
+         r"\b(?:call me|i go by|i prefer to be called|my nickname is|everyone calls me) " + PROPER,
          value="proper", key="preferred_name"),
     # where the user lives (one key: a move replaces the old value)
-    Rule("home", r"\bi (?:live|reside|stay|settled)(?: now)? in " + PROPER, value="place", key="home_city"),
-    Rule("home_living", I_AM + r" (?:now )?(?:living|based|located|settled) in " + PROPER, value="place",
+    Rule("home", ("live", "reside", "stay", "settled"),
+         r"\bi (?:live|reside|stay|settled)(?: now)? in " + PROPER, value="place", key="home_city"),
+    Rule("home_living", ("living", "based", "located", "settled"),
+         I_AM + r" (?:now )?(?:living|based|located|settled) in " + PROPER, value="place",
          key="home_city"),
-    Rule("home_moved", r"\b(?:i|we) (?:just |recently |finally )?(?:moved|relocated)(?: back)? to " + PROPER,
+    Rule("home_moved", ("moved", "relocated"),
+         r"\b(?:i|we) (?:just |recently |finally )?(?:moved|relocated)(?: back)? to " + PROPER,
          value="place", key="home_city"),
-    Rule("home_moved_have", I_HAVE + r" (?:just |recently )?(?:moved|relocated)(?: back)? to " + PROPER,
+    Rule("home_moved_have", ("moved", "relocated"),
+         I_HAVE + r" (?:just |recently )?(?:moved|relocated)(?: back)? to " + PROPER,
          value="place", key="home_city"),
-    Rule("home_is", r"\bmy (?:home|hometown now|house|flat|apartment) is in " + PROPER, value="place",
+    Rule("home_is", ("home", "house", "flat", "apartment"),
+         r"\bmy (?:home|hometown now|house|flat|apartment) is in " + PROPER, value="place",
          key="home_city"),
-    Rule("hometown", r"\b(?:i(?:'m|’m| am) (?:originally )?from|i grew up in|i was raised in|my hometown is) "
+    Rule("hometown", ("from", "grew up", "raised", "hometown"),
+         r"\b(?:i(?:'m|’m| am) (?:originally )?from|i grew up in|i was raised in|my hometown is) "
          + PROPER, value="place", key="hometown"),
-    Rule("address", r"\bmy (?:home |postal |street )?address is (?P<v>[^;!?]{6,120})", value="text",
+    Rule("address", ("address",),
+         r"\bmy (?:home |postal |street )?address is (?P<v>[^;!?]{6,120})", value="text",
          key="home_address"),
     # work
-    Rule("employer", r"\bi(?: work|'m working|’m working| am working) (?:at|for) " + PROPER, value="proper",
+    Rule("employer", ("work",),
+         r"\bi(?: work|'m working|’m working| am working) (?:at|for) " + PROPER, value="proper",
          key="employer"),
-    Rule("employer_is", r"\b(?:my employer is|i(?:'m|’m| am|'ve been|’ve been| have been) (?:employed|working) "
+    Rule("employer_is", ("employ", "working", "joined"),
+         r"\b(?:my employer is|i(?:'m|’m| am|'ve been|’ve been| have been) (?:employed|working) "
          r"(?:at|by|for)|i joined) " + PROPER,
          value="proper", key="employer"),
-    Rule("occupation", r"\b(?:i work as|my job is|my profession is|my job title is|my role is|i(?:'m|’m| am) "
+    Rule("occupation", ("work as", "job", "profession", "role", " a ", " an "),
+         r"\b(?:i work as|my job is|my profession is|my job title is|my role is|i(?:'m|’m| am) "
          r"(?:a|an) (?=[\w -]*(?:er|ist|or|ian|ant|ent|nurse|chef|doctor|lawyer|teacher|student|"
          r"engineer|manager|designer|developer|writer|pilot|cook|barista|scientist|architect|librarian)\b))"
          r"(?: an? | the )?" + TEXT, value="role", key="occupation"),
     # family and pets
-    Rule("relative_name", r"\bmy (?P<rel>" + RELATIVE + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
+    Rule("relative_name", ("my ",),
+         r"\bmy (?P<rel>" + RELATIVE + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
          value="proper", key="{rel}_name"),
-    Rule("relative_named", r"\bmy (?P<rel>" + RELATIVE + r"),? " + r"(?P<v>[a-z][\w'’-]*),? (?:is|was|turned|"
+    Rule("relative_named", ("my ",),
+         r"\bmy (?P<rel>" + RELATIVE + r"),? " + r"(?P<v>[a-z][\w'’-]*),? (?:is|was|turned|"
          r"just|works|lives|loves|likes)\b", value="proper", key="{rel}_name"),
-    Rule("family_have", I_HAVE + r" (?P<v>(?:a|an|one|two|three|four|five|six|\d) (?:\w+ )?(?:" + RELATIVE +
+    Rule("family_have", ("have", "i've", "i’ve"),
+         I_HAVE + r" (?P<v>(?:a|an|one|two|three|four|five|six|\d) (?:\w+ )?(?:" + RELATIVE +
          r"|children|kids|sons|daughters|brothers|sisters|siblings|grandchildren)s?\b[^,.;!?]{0,40})",
          value="text", topic="family", content="The user has {v}."),
-    Rule("married", I_AM + r" (?P<v>married|divorced|engaged|single|widowed)\b", value="text",
+    Rule("married", ("married", "divorced", "engaged", "single", "widowed"),
+         I_AM + r" (?P<v>married|divorced|engaged|single|widowed)\b", value="text",
          key="relationship_status"),
-    Rule("pet_have", I_HAVE + r" (?:got )?(?P<v>(?:a|an|one|two|three|four|\d) (?:\w+ )?(?:" + PET +
+    Rule("pet_have", ("have", "i've", "i’ve"),
+         I_HAVE + r" (?:got )?(?P<v>(?:a|an|one|two|three|four|\d) (?:\w+ )?(?:" + PET +
          r")s?\b[^,.;!?]{0,40})", value="text", topic="pets", content="The user has {v}."),
-    Rule("pet_name", r"\bmy (?P<pet>" + PET + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
+    Rule("pet_name", ("my ",),
+         r"\bmy (?P<pet>" + PET + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
          value="proper", key="{pet}_name"),
-    Rule("pet_named", r"\bmy (?:\w+ )?(?P<pet>" + PET + r"),? (?P<v>[a-z][\w'’-]*),? (?:is|was|loves|likes|"
+    Rule("pet_named", ("my ",),
+         r"\bmy (?:\w+ )?(?P<pet>" + PET + r"),? (?P<v>[a-z][\w'’-]*),? (?:is|was|loves|likes|"
          r"turned|just|hates)\b", value="proper", key="{pet}_name"),
     # likes and dislikes
-    Rule("favorite", r"\bmy (?:all-time |absolute )?favou?rite (?P<what>[a-z]+(?: [a-z]+)?) is " + TEXT,
+    Rule("favorite", ("favorite", "favourite"),
+         r"\bmy (?:all-time |absolute )?favou?rite (?P<what>[a-z]+(?: [a-z]+)?) is " + TEXT,
          value="text", key="favorite_{what}"),
-    Rule("dislike", r"\bi (?:really |absolutely |honestly )?(?:hate|dislike|detest|loathe|can't stand|cannot stand|"
+    Rule("dislike", ("hate", "dislike", "detest", "loathe", "stand", "like", "enjoy"),
+         r"\bi (?:really |absolutely |honestly )?(?:hate|dislike|detest|loathe|can't stand|cannot stand|"
          r"can’t stand|don't like|do not like|don’t like|don't enjoy|do not enjoy)(?P<v> [^,.;!?]{2,60})",
          value="thing", topic="preferences", content="The user dislikes {v}.", negation_ok=True),
-    Rule("like", r"\bi(?: really| absolutely| totally| just)?(?: love| adore| enjoy| like|(?:'m|’m| am) into|"
+    Rule("like", ("love", "adore", "enjoy", "like", "into", "fan of"),
+         r"\bi(?: really| absolutely| totally| just)?(?: love| adore| enjoy| like|(?:'m|’m| am) into|"
          r"(?:'m|’m| am) an? (?:big |huge )?fan of)(?P<v> [^,.;!?]{2,60})",
          value="thing", topic="preferences", content="The user likes {v}."),
     # allergies and diet
-    Rule("allergy", I_AM + r" (?:severely |very |mildly |deathly )?allergic to " + TEXT, value="thing",
+    Rule("allergy", ("allergic",),
+         I_AM + r" (?:severely |very |mildly |deathly )?allergic to " + TEXT, value="thing",
          topic="health", content="The user is allergic to {v}."),
-    Rule("allergy_have", I_HAVE + r" (?:a |an )?(?:severe |mild )?(?P<v>[a-z]+(?: [a-z]+)?) allerg(?:y|ies)\b",
+    Rule("allergy_have", ("allerg",),
+         I_HAVE + r" (?:a |an )?(?:severe |mild )?(?P<v>[a-z]+(?: [a-z]+)?) allerg(?:y|ies)\b",
          value="thing", topic="health", content="The user is allergic to {v}."),
-    Rule("intolerance", I_AM + r" (?P<v>lactose|gluten|fructose|histamine) intolerant\b", value="thing",
+    Rule("intolerance", ("intolerant",),
+         I_AM + r" (?P<v>lactose|gluten|fructose|histamine) intolerant\b", value="thing",
          topic="health", content="The user is {v} intolerant."),
-    Rule("diet", I_AM + r" (?:a |an |strictly |fully |mostly )?(?P<v>vegan|vegetarian|pescatarian|pescetarian|"
+    Rule("diet", ("vegan", "vegetarian", "pescatarian", "pescetarian", "keto", "paleo", "celiac", "coeliac", "diabetic",
+          "halal", "kosher"),
+         I_AM + r" (?:a |an |strictly |fully |mostly )?(?P<v>vegan|vegetarian|pescatarian|pescetarian|"
          r"keto|paleo|celiac|coeliac|diabetic|halal|kosher)\b", value="thing", key="diet"),
-    Rule("diet_follow", r"\bi(?: follow| eat| keep| am on|'m on|’m on) (?:a |an )?(?P<v>vegan|vegetarian|pescatarian|"
+    Rule("diet_follow", ("follow", "eat", "keep", " on "),
+         r"\bi(?: follow| eat| keep| am on|'m on|’m on) (?:a |an )?(?P<v>vegan|vegetarian|pescatarian|"
          r"keto|paleo|gluten-free|low-carb|halal|kosher|plant-based)(?: diet)?\b", value="thing", key="diet"),
-    Rule("diet_avoid", r"\bi (?:don't|do not|don’t|never|can't|cannot|can’t) (?:eat|drink) (?P<v>[^,.;!?]{2,40})",
+    Rule("diet_avoid", ("eat", "drink"),
+         r"\bi (?:don't|do not|don’t|never|can't|cannot|can’t) (?:eat|drink) (?P<v>[^,.;!?]{2,40})",
          value="thing", topic="diet", content="The user does not eat or drink {v}.", negation_ok=True),
     # birthdays and ages
-    Rule("birthday", r"\bmy birthday is (?:on )?" + TEXT, value="date", key="birthday"),
-    Rule("born_on", r"\bi was born on " + TEXT, value="date", key="birthday"),
-    Rule("born_in_year", r"\bi was born in (?P<v>(?:19|20)\d\d)\b", value="text", key="birth_year"),
-    Rule("age", I_AM + r" (?P<v>\d{1,3})(?: years? old| yrs old| years of age)?(?=\s*(?:$|[,;!]|\.(?!\d)| and\b| now\b|"
+    Rule("birthday", ("birthday",),
+         r"\bmy birthday is (?:on )?" + TEXT, value="date", key="birthday"),
+    Rule("born_on", ("born",),
+         r"\bi was born on " + TEXT, value="date", key="birthday"),
+    Rule("born_in_year", ("born",),
+         r"\bi was born in (?P<v>(?:19|20)\d\d)\b", value="text", key="birth_year"),
+    Rule("age", ("i'm", "i am", "i’m"),
+         I_AM + r" (?P<v>\d{1,3})(?: years? old| yrs old| years of age)?(?=\s*(?:$|[,;!]|\.(?!\d)| and\b| now\b|"
          r" this year\b| today\b))", value="age", key="age"),
-    Rule("age_turned", r"\bi (?:just )?turned (?P<v>\d{1,3})\b", value="age", key="age"),
+    Rule("age_turned", ("turned",),
+         r"\bi (?:just )?turned (?P<v>\d{1,3})\b", value="age", key="age"),
     # languages
-    Rule("native_language", r"\bmy (?:native|first|mother) (?:language|tongue) is (?P<v>" + LANGUAGE + r")\b",
+    Rule("native_language", ("language", "tongue"),
+         r"\bmy (?:native|first|mother) (?:language|tongue) is (?P<v>" + LANGUAGE + r")\b",
          value="proper_any", key="native_language"),
-    Rule("speaks", r"\bi(?: speak|(?:'m|’m| am) fluent in) (?P<v>(?:" + LANGUAGE + r")(?:(?:, | and "
+    Rule("speaks", ("speak", "fluent"),
+         r"\bi(?: speak|(?:'m|’m| am) fluent in) (?P<v>(?:" + LANGUAGE + r")(?:(?:, | and "
          r"|, and )(?:" + LANGUAGE + r"))*)\b", value="proper_any", topic="languages", content="The user speaks {v}."),
-    Rule("learning_language", I_AM + r" (?:currently )?(?:learning|studying) (?P<v>" + LANGUAGE + r")\b",
+    Rule("learning_language", ("learning", "studying"),
+         I_AM + r" (?:currently )?(?:learning|studying) (?P<v>" + LANGUAGE + r")\b",
          value="proper_any", topic="languages", content="The user is learning {v}."),
     # contact details
-    Rule("email", r"\b(?:my (?:work |personal )?e-?mail(?: address)? is|(?:e-?mail|reach|contact) me at) " + EMAIL,
+    Rule("email", ("@",),
+         r"\b(?:my (?:work |personal )?e-?mail(?: address)? is|(?:e-?mail|reach|contact) me at) " + EMAIL,
          value="text", key="email"),
-    Rule("phone", r"\b(?:my (?:phone|cell|mobile|telephone)(?: number)? is|(?:call|text|ring) me (?:at|on)) "
+    Rule("phone", ("phone", "cell", "mobile", " me at", " me on"),
+         r"\b(?:my (?:phone|cell|mobile|telephone)(?: number)? is|(?:call|text|ring) me (?:at|on)) "
          + PHONE, value="text", key="phone"),
-    Rule("website", r"\bmy (?:personal )?(?:website|site|blog|homepage|portfolio|github)(?: page)? is (?:at )?"
+    Rule("website", ("website", "site", "blog", "homepage", "portfolio", "github"),
+         r"\bmy (?:personal )?(?:website|site|blog|homepage|portfolio|github)(?: page)? is (?:at )?"
          + URL, value="text", key="website"),
 )
 
 # A sentence ends at . ! or ? before a space, except after a title ("Dr. Lindqvist"), or at a line break.
-_TITLES = ("Dr", "Mr", "Ms", "Mrs", "Mx", "St", "Prof", "Sr", "Jr")
-_SENTENCE = re.compile("".join(rf"(?<!\b{title}\.)" for title in _TITLES) + r"(?<=[.!?])\s+|\n+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_TITLE_END = re.compile(r"\b(?:Dr|Mr|Ms|Mrs|Mx|St|Prof|Sr|Jr)\.$")
 _LEAD = re.compile(r"^(?:(?:oh|ok|okay|so|well|also|btw|by the way|and|but|anyway|hey|hi|fyi|actually|yeah|yes),?\s+)+",
                    re.IGNORECASE)
 _QUESTION = re.compile(r"\?\s*$|^(?:do|does|did|can|could|would|will|shall|should|is|are|am|was|were|have|has|"
@@ -234,9 +278,25 @@ def _compile(rules: Sequence[Rule]) -> tuple[_Compiled, ...]:
     return tuple(_Compiled(rule, re.compile(rule.pattern, re.IGNORECASE), CLEANERS[rule.value]) for rule in rules)
 
 
+def _by_cue(rules: Sequence[Rule]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each cue with the positions of the rules it lets through, so a sentence is tested once per cue."""
+    table: dict[str, list[int]] = {}
+    for index, rule in enumerate(rules):
+        for cue in rule.cues:
+            table.setdefault(cue, []).append(index)
+    return tuple((cue, tuple(indexes)) for cue, indexes in table.items())
+
+
 def sentences(text: str) -> list[str]:
-    """The text cut into sentences, each without its leading filler ("Oh, so ...")."""
-    return [_LEAD.sub("", part.strip()) for part in _SENTENCE.split(text) if part.strip()]
+    """The text cut into sentences, each without its leading filler ("Oh, so ..."); a title ("Dr. Lindqvist")
+    does not end one."""
+    parts: list[str] = []
+    for part in _SENTENCE.split(text):
+        if parts and _TITLE_END.search(parts[-1]):
+            parts[-1] += " " + part
+        elif part.strip():
+            parts.append(part.strip())
+    return [_LEAD.sub("", part) for part in parts]
 
 
 class RulesExtractor(Extractor):
@@ -246,6 +306,7 @@ class RulesExtractor(Extractor):
 
     def __init__(self, rules: Sequence[Rule] = RULES) -> None:
         self._rules = _compile(rules)
+        self._cues = _by_cue(rules)
 
     def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
         known = known or Known()
@@ -270,7 +331,10 @@ class RulesExtractor(Extractor):
     def _from_sentence(self, sentence: str, question: bool, evidence: tuple[str, ...],
                        known: Known) -> list[Proposal]:
         found: list[Proposal] = []
-        for compiled in self._rules:
+        lowered = sentence.lower()
+        cued = {index for cue, indexes in self._cues if cue in lowered for index in indexes}
+        for index in sorted(cued):
+            compiled = self._rules[index]
             rule = compiled.rule
             if question and not rule.question_ok:
                 continue
