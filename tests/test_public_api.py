@@ -33,7 +33,7 @@ def test_every_public_name_exists():
         assert getattr(memshelf, name) is not None, name
 
 
-PACKAGES_WITH_ALL = ["memshelf", "memshelf.stores", "memshelf.embedders", "memshelf.testing",
+PACKAGES_WITH_ALL = ["memshelf", "memshelf.stores", "memshelf.embedders", "memshelf.learning", "memshelf.testing",
                      "memshelf.testing.contract"]
 
 

@@ -42,3 +42,7 @@ class StoreUnavailable(StoreError):
 
 class ConfigError(MemshelfError):
     """A setting (argument or MEMSHELF_* variable) cannot be used."""
+
+
+class ExtractorError(MemshelfError):
+    """The extractor is misconfigured or answered with something unusable (unknown name, bad reply)."""

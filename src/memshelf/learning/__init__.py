@@ -1,0 +1,29 @@
+"""Learning from conversations: the extractor protocol, its registry, and the built-in `rules` extractor.
+
+An extractor proposes; it never writes. `rules` is found like a user's plugin: through the `memshelf.extractors`
+entry point group declared in memshelf's pyproject.toml. Nothing here imports a model.
+"""
+
+from __future__ import annotations
+
+from .base import (DEFAULT_EXTRACTOR, OPS, Extractor, ExtractorProvider, Known, Proposal, Turn, default_extractor_spec,
+                   extractor_provider, register_extractor, registered_extractors, resolve_extractor)
+from .rules import RULES, Rule, RulesExtractor
+
+__all__ = [
+    "DEFAULT_EXTRACTOR",
+    "OPS",
+    "RULES",
+    "Extractor",
+    "ExtractorProvider",
+    "Known",
+    "Proposal",
+    "Rule",
+    "RulesExtractor",
+    "Turn",
+    "default_extractor_spec",
+    "extractor_provider",
+    "register_extractor",
+    "registered_extractors",
+    "resolve_extractor",
+]

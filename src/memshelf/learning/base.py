@@ -1,0 +1,176 @@
+"""The extractor protocol, its records (Turn in, Proposal out) and the registry every extractor registers with.
+
+An extractor reads new conversation turns, plus what the owner already knows, and proposes what to remember; it
+writes nothing. The Shelf decides which proposals to apply (not in this release: see the README, "Learning").
+Extractors are found like embedders: registered in code with `register_extractor`, or declared by a distribution
+in the `memshelf.extractors` entry point group (memshelf's own `rules` is declared that way).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, get_args
+
+from .._plugins import PluginGroup, missing_modules
+from ..errors import ExtractorError
+
+Op = Literal["remember", "set_fact", "supersede", "skip"]
+OPS: tuple[Op, ...] = get_args(Op)
+
+DEFAULT_EXTRACTOR = "rules"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One message of the conversation, as an extractor reads it."""
+
+    role: str  # "user", "assistant", "tool", "system": only the user's own turns say anything about the user
+    content: str
+    id: str | None = None  # the logged message's id, which becomes a proposal's evidence
+    at: datetime | None = None  # when it was said
+
+    @classmethod
+    def of(cls, value: Turn | Mapping[str, object]) -> Turn:
+        """A Turn from itself or from a mapping like {"role": "user", "content": "...", "id": "m1", "at": when}."""
+        if isinstance(value, Turn):
+            return value
+        role, content = value.get("role"), value.get("content")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise ExtractorError(f"a turn needs a string 'role' and 'content', like {{'role': 'user', 'content': "
+                                 f"'I live in Lisbon.'}}; got keys {sorted(value)}")
+        ident, at = value.get("id"), value.get("at")
+        return cls(role.strip().lower(), content, None if ident is None else str(ident),
+                   at if isinstance(at, datetime) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What the owner already knows, so an extractor can skip what is not news: current facts by key, and the
+    contents of related memories."""
+
+    facts: Mapping[str, str] = field(default_factory=dict)
+    memories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """One thing an extractor proposes; the Shelf decides whether to apply it and says why on the proposal.
+
+    op: "remember" a memory (topic, content), "set_fact" (key, value), "supersede" the memory `replaces` with a
+        new one (topic, content), or "skip" (nothing to write, with the reason).
+    source: the provenance that sets confidence: "stated" (the user asked), "mined" (a rule found it), "inferred".
+    evidence: the ids of the messages it comes from.
+    """
+
+    op: Op
+    source: str
+    evidence: tuple[str, ...] = ()
+    topic: str | None = None
+    content: str | None = None
+    key: str | None = None
+    value: str | None = None
+    replaces: str | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ExtractorError(f"a proposal's op must be one of {', '.join(OPS)}; got {self.op!r}")
+
+
+class Extractor(ABC):
+    """Turns conversation turns into proposals. One required method, `propose`; it never writes."""
+
+    name: str = "extractor"
+
+    @abstractmethod
+    def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+        """The proposals the turns support, in the order they were said. Raise ExtractorError when the extractor
+        cannot answer (a model service down, a reply that fails validation twice): nothing is then written."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+Factory = Callable[[str | None], Extractor]
+"""Builds an extractor from the part after the colon in "provider:model" (None when absent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractorProvider:
+    """What an entry point of the `memshelf.extractors` group names, and what `register_extractor` keeps.
+
+    create: the factory, called with the model name (the part after the colon, or None).
+    requires: modules the provider needs, looked up without importing them.
+    install: what to run when one of them is missing.
+    """
+
+    create: Factory
+    requires: tuple[str, ...] = ()
+    install: str | None = None
+
+    def missing(self) -> list[str]:
+        return missing_modules(self.requires)
+
+
+def _accept(loaded: object) -> ExtractorProvider:
+    if isinstance(loaded, ExtractorProvider):
+        return loaded
+    if callable(loaded):
+        return ExtractorProvider(create=loaded)
+    raise TypeError(f"expected an ExtractorProvider or a factory taking the model name, got {type(loaded).__name__}")
+
+
+_REGISTRY: dict[str, ExtractorProvider] = {}
+"""Providers registered in code; they win over an entry point of the same name."""
+_PLUGINS = PluginGroup("memshelf.extractors", "extractor", ExtractorError, _accept)
+
+
+def register_extractor(name: str, factory: Factory | ExtractorProvider) -> None:
+    """Make `extractor="name[:model]"` build extractors with `factory(model)`. A distribution offers one to every
+    program instead through an entry point in the `memshelf.extractors` group."""
+    _REGISTRY[name.lower()] = factory if isinstance(factory, ExtractorProvider) else ExtractorProvider(factory)
+
+
+def registered_extractors() -> list[str]:
+    """Every extractor name: registered in code or declared by an installed distribution (none is loaded)."""
+    return sorted(set(_REGISTRY) | set(_PLUGINS.names()))
+
+
+def extractor_provider(name: str) -> ExtractorProvider | None:
+    """The provider of that name, a registration in code first, then an entry point (loaded on first use)."""
+    key = name.lower()
+    return _REGISTRY.get(key) or _PLUGINS.get(key)
+
+
+def default_extractor_spec() -> str:
+    """MEMSHELF_EXTRACTOR if set and not blank, else "rules"."""
+    configured = os.environ.get("MEMSHELF_EXTRACTOR", "").strip()
+    return configured or DEFAULT_EXTRACTOR
+
+
+def resolve_extractor(spec: object = None) -> Extractor:
+    """Turn what the user passed (None for the default, "rules", "ollama:MODEL", an Extractor) into an extractor."""
+    if spec is None:
+        spec = default_extractor_spec()
+    if isinstance(spec, Extractor) or (not isinstance(spec, str) and callable(getattr(spec, "propose", None))):
+        return spec  # type: ignore[return-value]  # duck-typed extractors are welcome
+    if not isinstance(spec, str) or not spec.strip():
+        raise ExtractorError(f"extractor must be a name like 'rules' or an Extractor, got {spec!r}")
+    name, _, model = spec.strip().partition(":")
+    found = extractor_provider(name)
+    if found is None:
+        known = ", ".join(registered_extractors()) or "none"
+        raise ExtractorError(
+            f"unknown extractor {name!r}; registered extractors are {known}. Register your own with "
+            "memshelf.learning.register_extractor(name, factory), or install a distribution that declares it in "
+            f"the 'memshelf.extractors' entry point group{_PLUGINS.missing_own_hint()}")
+    missing = found.missing()
+    if missing:
+        needs = " and ".join(missing)
+        raise ExtractorError(f"the {name} extractor needs {needs}: {found.install or 'install ' + needs}, "
+                             f"or choose another extractor (e.g. 'rules')")
+    return found.create(model or None)

@@ -1,0 +1,374 @@
+"""The `rules` extractor: deterministic, offline, no model. Patterns over the user's own first-person statements.
+
+The patterns are data (`RULES`): each names a regular expression with a group `v` (the value), what it becomes (a
+fact under a stable key, or a memory under a topic), and how its value is cleaned. Only turns whose role is
+"user" are read; in them, sentences that are questions, hypotheticals, pretend play or instructions to the model
+are skipped, and a rule does not fire when a negation comes before its match ("I don't live in Paris"). What
+matches is `mined`; an explicit "remember that ..." is `stated`. "I live in X" and "I moved to Y" write the same
+key (`home_city`), so the newer value wins and the older one goes to the fact's history.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .base import Extractor, ExtractorProvider, Known, Proposal, Turn
+
+I_AM = r"\bi(?:'m|’m| am)"
+I_HAVE = r"\bi(?:'ve|’ve| have)"
+PROPER = r"(?P<v>[a-z][\w'’.-]*(?: [a-z][\w'’.-]*){0,4})"
+TEXT = r"(?P<v>[^,.;!?]{2,80})"
+EMAIL = r"(?P<v>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
+PHONE = r"(?P<v>\+?\d[\d ().-]{5,18}\d)"
+URL = r"(?P<v>(?:https?://|www\.)[^\s,;!?]+[^\s,;!?.]|[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|dev|me)(?:/[^\s,;!?]*)?)"
+RELATIVE = (r"wife|husband|partner|boyfriend|girlfriend|fianc[eé]e?|son|daughter|mom|mum|mother|dad|father|"
+            r"brother|sister|grandmother|grandma|grandfather|grandpa|baby|kid|child|twin")
+PET = r"dog|puppy|cat|kitten|parrot|rabbit|bunny|hamster|horse|turtle|tortoise|snake|lizard|goldfish|fish|bird"
+LANGUAGE = (r"english|spanish|portuguese|french|german|italian|dutch|polish|russian|ukrainian|mandarin|chinese|"
+            r"cantonese|japanese|korean|hindi|urdu|bengali|arabic|hebrew|turkish|greek|swedish|norwegian|danish|"
+            r"finnish|czech|hungarian|romanian|vietnamese|thai|indonesian|malay|tagalog|swahili|persian|farsi|"
+            r"catalan|basque|irish|welsh|sign language")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One pattern and what its match becomes. `key` and `content` are templates over the match's named groups
+    ({v} is the cleaned value); a rule has a key (a fact) or a topic (a memory). The cues are a cheap test run
+    first: most sentences hold none of a rule's words, and a substring test costs far less than a search."""
+
+    name: str
+    cues: tuple[str, ...]  # lower-case strings of which the sentence must hold one for the pattern to be tried
+    pattern: str
+    value: str = "text"  # how `v` is cleaned: a name in CLEANERS
+    key: str | None = None
+    topic: str | None = None
+    content: str | None = None
+    source: str = "mined"
+    negation_ok: bool = False  # the pattern itself says "not" ("I don't eat pork"), so a negation does not stop it
+    question_ok: bool = False  # a polite request ("could you remember that ...?") is not a question about the user
+
+
+RULES: tuple[Rule, ...] = (
+    # explicit requests: the user's own words, kept as said
+    Rule("remember", ("remember", "note", "keep in mind", "forget"),
+         r"^(?:(?:can|could|would|will) you )?(?:please )?(?:remember|note|keep in mind|don't forget|"
+         r"do not forget|make a note)(?: that| this)?[:,]? (?!when\b|what\b|how\b|where\b|who\b|the time\b)"
+         r"(?P<v>.{3,300})$", value="request", topic="noted", content="{v}", source="stated",
+         negation_ok=True, question_ok=True),
+    # names and what to call the user
+    Rule("name", ("name",),
+         r"\bmy (?:full |first |real )?name(?: is|'s|’s) " + PROPER, value="proper", key="user_name"),
+    Rule("name_called", ("called", "named"),
+         I_AM + r" (?:called|named) " + PROPER, value="proper", key="user_name"),
+    Rule("call_me", ("call me", "go by", "called", "nickname", "calls me"),
+         r"\b(?:call me|i go by|i prefer to be called|my nickname is|everyone calls me) " + PROPER,
+         value="proper", key="preferred_name"),
+    # where the user lives (one key: a move replaces the old value)
+    Rule("home", ("live", "reside", "stay", "settled"),
+         r"\bi (?:live|reside|stay|settled)(?: now)? in " + PROPER, value="place", key="home_city"),
+    Rule("home_living", ("living", "based", "located", "settled"),
+         I_AM + r" (?:now )?(?:living|based|located|settled) in " + PROPER, value="place",
+         key="home_city"),
+    Rule("home_moved", ("moved", "relocated"),
+         r"\b(?:i|we) (?:just |recently |finally )?(?:moved|relocated)(?: back)? to " + PROPER,
+         value="place", key="home_city"),
+    Rule("home_moved_have", ("moved", "relocated"),
+         I_HAVE + r" (?:just |recently )?(?:moved|relocated)(?: back)? to " + PROPER,
+         value="place", key="home_city"),
+    Rule("home_is", ("home", "house", "flat", "apartment"),
+         r"\bmy (?:home|hometown now|house|flat|apartment) is in " + PROPER, value="place",
+         key="home_city"),
+    Rule("hometown", ("from", "grew up", "raised", "hometown"),
+         r"\b(?:i(?:'m|’m| am) (?:originally )?from|i grew up in|i was raised in|my hometown is) "
+         + PROPER, value="place", key="hometown"),
+    Rule("address", ("address",),
+         r"\bmy (?:home |postal |street )?address is (?P<v>[^;!?]{6,120})", value="text",
+         key="home_address"),
+    # work
+    Rule("employer", ("work",),
+         r"\bi(?: work|'m working|’m working| am working) (?:at|for) " + PROPER, value="proper",
+         key="employer"),
+    Rule("employer_is", ("employ", "working", "joined"),
+         r"\b(?:my employer is|i(?:'m|’m| am|'ve been|’ve been| have been) (?:employed|working) "
+         r"(?:at|by|for)|i joined) " + PROPER,
+         value="proper", key="employer"),
+    Rule("occupation", ("work as", "job", "profession", "role", " a ", " an "),
+         r"\b(?:i work as|my job is|my profession is|my job title is|my role is|i(?:'m|’m| am) "
+         r"(?:a|an) (?=[\w -]*(?:er|ist|or|ian|ant|ent|nurse|chef|doctor|lawyer|teacher|student|"
+         r"engineer|manager|designer|developer|writer|pilot|cook|barista|scientist|architect|librarian)\b))"
+         r"(?: an? | the )?" + TEXT, value="role", key="occupation"),
+    # family and pets
+    Rule("relative_name", ("my ",),
+         r"\bmy (?P<rel>" + RELATIVE + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
+         value="proper", key="{rel}_name"),
+    Rule("relative_named", ("my ",),
+         r"\bmy (?P<rel>" + RELATIVE + r"),? " + r"(?P<v>[a-z][\w'’-]*),? (?:is|was|turned|"
+         r"just|works|lives|loves|likes)\b", value="proper", key="{rel}_name"),
+    Rule("family_have", ("have", "i've", "i’ve"),
+         I_HAVE + r" (?P<v>(?:a|an|one|two|three|four|five|six|\d) (?:\w+ )?(?:" + RELATIVE +
+         r"|children|kids|sons|daughters|brothers|sisters|siblings|grandchildren)s?\b[^,.;!?]{0,40})",
+         value="text", topic="family", content="The user has {v}."),
+    Rule("married", ("married", "divorced", "engaged", "single", "widowed"),
+         I_AM + r" (?P<v>married|divorced|engaged|single|widowed)\b", value="text",
+         key="relationship_status"),
+    Rule("pet_have", ("have", "i've", "i’ve"),
+         I_HAVE + r" (?:got )?(?P<v>(?:a|an|one|two|three|four|\d) (?:\w+ )?(?:" + PET +
+         r")s?\b[^,.;!?]{0,40})", value="text", topic="pets", content="The user has {v}."),
+    Rule("pet_name", ("my ",),
+         r"\bmy (?P<pet>" + PET + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
+         value="proper", key="{pet}_name"),
+    Rule("pet_named", ("my ",),
+         r"\bmy (?:\w+ )?(?P<pet>" + PET + r"),? (?P<v>[a-z][\w'’-]*),? (?:is|was|loves|likes|"
+         r"turned|just|hates)\b", value="proper", key="{pet}_name"),
+    # likes and dislikes
+    Rule("favorite", ("favorite", "favourite"),
+         r"\bmy (?:all-time |absolute )?favou?rite (?P<what>[a-z]+(?: [a-z]+)?) is " + TEXT,
+         value="text", key="favorite_{what}"),
+    Rule("dislike", ("hate", "dislike", "detest", "loathe", "stand", "like", "enjoy"),
+         r"\bi (?:really |absolutely |honestly )?(?:hate|dislike|detest|loathe|can't stand|cannot stand|"
+         r"can’t stand|don't like|do not like|don’t like|don't enjoy|do not enjoy)(?P<v> [^,.;!?]{2,60})",
+         value="thing", topic="preferences", content="The user dislikes {v}.", negation_ok=True),
+    Rule("like", ("love", "adore", "enjoy", "like", "into", "fan of"),
+         r"\bi(?: really| absolutely| totally| just)?(?: love| adore| enjoy| like|(?:'m|’m| am) into|"
+         r"(?:'m|’m| am) an? (?:big |huge )?fan of)(?P<v> [^,.;!?]{2,60})",
+         value="thing", topic="preferences", content="The user likes {v}."),
+    # allergies and diet
+    Rule("allergy", ("allergic",),
+         I_AM + r" (?:severely |very |mildly |deathly )?allergic to " + TEXT, value="thing",
+         topic="health", content="The user is allergic to {v}."),
+    Rule("allergy_have", ("allerg",),
+         I_HAVE + r" (?:a |an )?(?:severe |mild )?(?P<v>[a-z]+(?: [a-z]+)?) allerg(?:y|ies)\b",
+         value="thing", topic="health", content="The user is allergic to {v}."),
+    Rule("intolerance", ("intolerant",),
+         I_AM + r" (?P<v>lactose|gluten|fructose|histamine) intolerant\b", value="thing",
+         topic="health", content="The user is {v} intolerant."),
+    Rule("diet", ("vegan", "vegetarian", "pescatarian", "pescetarian", "keto", "paleo", "celiac", "coeliac", "diabetic",
+          "halal", "kosher"),
+         I_AM + r" (?:a |an |strictly |fully |mostly )?(?P<v>vegan|vegetarian|pescatarian|pescetarian|"
+         r"keto|paleo|celiac|coeliac|diabetic|halal|kosher)\b", value="thing", key="diet"),
+    Rule("diet_follow", ("follow", "eat", "keep", " on "),
+         r"\bi(?: follow| eat| keep| am on|'m on|’m on) (?:a |an )?(?P<v>vegan|vegetarian|pescatarian|"
+         r"keto|paleo|gluten-free|low-carb|halal|kosher|plant-based)(?: diet)?\b", value="thing", key="diet"),
+    Rule("diet_avoid", ("eat", "drink"),
+         r"\bi (?:don't|do not|don’t|never|can't|cannot|can’t) (?:eat|drink) (?P<v>[^,.;!?]{2,40})",
+         value="thing", topic="diet", content="The user does not eat or drink {v}.", negation_ok=True),
+    # birthdays and ages
+    Rule("birthday", ("birthday",),
+         r"\bmy birthday is (?:on )?" + TEXT, value="date", key="birthday"),
+    Rule("born_on", ("born",),
+         r"\bi was born on " + TEXT, value="date", key="birthday"),
+    Rule("born_in_year", ("born",),
+         r"\bi was born in (?P<v>(?:19|20)\d\d)\b", value="text", key="birth_year"),
+    Rule("age", ("i'm", "i am", "i’m"),
+         I_AM + r" (?P<v>\d{1,3})(?: years? old| yrs old| years of age)?(?=\s*(?:$|[,;!]|\.(?!\d)| and\b| now\b|"
+         r" this year\b| today\b))", value="age", key="age"),
+    Rule("age_turned", ("turned",),
+         r"\bi (?:just )?turned (?P<v>\d{1,3})\b", value="age", key="age"),
+    # languages
+    Rule("native_language", ("language", "tongue"),
+         r"\bmy (?:native|first|mother) (?:language|tongue) is (?P<v>" + LANGUAGE + r")\b",
+         value="proper_any", key="native_language"),
+    Rule("speaks", ("speak", "fluent"),
+         r"\bi(?: speak|(?:'m|’m| am) fluent in) (?P<v>(?:" + LANGUAGE + r")(?:(?:, | and "
+         r"|, and )(?:" + LANGUAGE + r"))*)\b", value="proper_any", topic="languages", content="The user speaks {v}."),
+    Rule("learning_language", ("learning", "studying"),
+         I_AM + r" (?:currently )?(?:learning|studying) (?P<v>" + LANGUAGE + r")\b",
+         value="proper_any", topic="languages", content="The user is learning {v}."),
+    # contact details
+    Rule("email", ("@",),
+         r"\b(?:my (?:work |personal )?e-?mail(?: address)? is|(?:e-?mail|reach|contact) me at) " + EMAIL,
+         value="text", key="email"),
+    Rule("phone", ("phone", "cell", "mobile", " me at", " me on"),
+         r"\b(?:my (?:phone|cell|mobile|telephone)(?: number)? is|(?:call|text|ring) me (?:at|on)) "
+         + PHONE, value="text", key="phone"),
+    Rule("website", ("website", "site", "blog", "homepage", "portfolio", "github"),
+         r"\bmy (?:personal )?(?:website|site|blog|homepage|portfolio|github)(?: page)? is (?:at )?"
+         + URL, value="text", key="website"),
+)
+
+# A sentence ends at . ! or ? before a space, except after a title ("Dr. Lindqvist"), or at a line break.
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_TITLE_END = re.compile(r"\b(?:Dr|Mr|Ms|Mrs|Mx|St|Prof|Sr|Jr)\.$")
+_LEAD = re.compile(r"^(?:(?:oh|ok|okay|so|well|also|btw|by the way|and|but|anyway|hey|hi|fyi|actually|yeah|yes),?\s+)+",
+                   re.IGNORECASE)
+_QUESTION = re.compile(r"\?\s*$|^(?:do|does|did|can|could|would|will|shall|should|is|are|am|was|were|have|has|"
+                       r"what|where|who|whom|whose|when|why|how|which|may|might)\b", re.IGNORECASE)
+_UNREAL = re.compile(
+    r"\b(?:if|suppose|supposing|imagine|imagining|pretend|pretending|let's say|lets say|let us say|what if|"
+    r"hypothetically|in theory|would|i'd|i’d|wish|someday|one day|maybe|perhaps|might|roleplay|role-play|role play|"
+    r"act as|in character|my character|in this game|in the story|in my novel|in the book|as if|dream|dreamed|"
+    r"dreamt|planning to|plan to|hope to|want to|wanna|going to|gonna|thinking of|thinking about|considering)\b",
+    re.IGNORECASE)
+_INJECTION = re.compile(r"\b(?:ignore|disregard|forget) (?:all |any |the |your )?(?:previous|prior|above|earlier) "
+                        r"(?:instructions|messages|rules)|\bsystem prompt\b|\byou are now\b|\bnew instructions\b",
+                        re.IGNORECASE)
+_NEGATION = re.compile(r"\b(?:not|never|no longer|no|nobody|nothing|neither|nor)\b|n't\b|n’t\b", re.IGNORECASE)
+_CONNECTOR = {"de", "da", "do", "del", "la", "le", "of", "upon", "on", "am", "an", "der", "van", "von", "y", "el"}
+_TRAILING = re.compile(
+    r"\s+(?:(?:last|this|next|a|one|two|three|few|several|couple of) (?:years?|months?|weeks?|days?|spring|summer|"
+    r"autumn|fall|winter)(?: ago)?|now|right now|recently|lately|these days|nowadays|anymore|a lot|so much|very much|"
+    r"too|as well|since\b.*|for\b.*|because\b.*|when\b.*|with\b.*|and i\b.*|but\b.*)$", re.IGNORECASE)
+_NOT_A_THING = {"you", "it", "that", "this", "them", "him", "her", "those", "these", "how", "what", "when", "where",
+                "why", "to", "being", "myself", "yourself", "your", "the idea", "so", "which", "who"}
+
+
+def _words_capitalised(value: str) -> str:
+    """The leading run of capitalised words (lower-case connectors allowed between two of them)."""
+    words, kept = value.split(), list[str]()
+    for index, word in enumerate(words):
+        if word[:1].isupper() or word[:1].isdigit() and kept:
+            kept.append(word)
+        elif word in _CONNECTOR and kept and index + 1 < len(words) and words[index + 1][:1].isupper():
+            kept.append(word)
+        else:
+            break
+    return " ".join(kept).rstrip(".'’-")
+
+
+def _place(value: str) -> str:
+    name = _words_capitalised(value)
+    return "" if name in {"I", "The", "A", "My"} else name
+
+
+def _thing(value: str) -> str:
+    value = _TRAILING.sub("", value.strip()).strip()
+    first = value.split(" ", 1)[0].lower()
+    if not value or value.lower() in _NOT_A_THING or first in _NOT_A_THING:
+        return ""
+    return value
+
+
+def _role(value: str) -> str:
+    value = _thing(value)
+    return re.sub(r"^(?:an?|the) ", "", value, flags=re.IGNORECASE)
+
+
+def _age(value: str) -> str:
+    return value if value.isdigit() and 1 <= int(value) <= 120 else ""
+
+
+def _request(value: str) -> str:
+    value = value.strip().rstrip("?.! ")
+    return value[:1].upper() + value[1:] if len(value) >= 3 else ""
+
+
+CLEANERS: dict[str, Callable[[str], str]] = {
+    "proper": _words_capitalised,
+    "place": _place,
+    "proper_any": lambda value: value.title(),
+    "text": lambda value: _TRAILING.sub("", value.strip()).strip().rstrip("."),
+    "thing": _thing,
+    "role": _role,
+    "age": _age,
+    "date": lambda value: _TRAILING.sub("", value.strip()).strip(),
+    "request": _request,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    rule: Rule
+    regex: re.Pattern[str]
+    clean: Callable[[str], str]
+
+
+def _compile(rules: Sequence[Rule]) -> tuple[_Compiled, ...]:
+    return tuple(_Compiled(rule, re.compile(rule.pattern, re.IGNORECASE), CLEANERS[rule.value]) for rule in rules)
+
+
+def _by_cue(rules: Sequence[Rule]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each cue with the positions of the rules it lets through, so a sentence is tested once per cue."""
+    table: dict[str, list[int]] = {}
+    for index, rule in enumerate(rules):
+        for cue in rule.cues:
+            table.setdefault(cue, []).append(index)
+    return tuple((cue, tuple(indexes)) for cue, indexes in table.items())
+
+
+def sentences(text: str) -> list[str]:
+    """The text cut into sentences, each without its leading filler ("Oh, so ..."); a title ("Dr. Lindqvist")
+    does not end one."""
+    parts: list[str] = []
+    for part in _SENTENCE.split(text):
+        if parts and _TITLE_END.search(parts[-1]):
+            parts[-1] += " " + part
+        elif part.strip():
+            parts.append(part.strip())
+    return [_LEAD.sub("", part) for part in parts]
+
+
+class RulesExtractor(Extractor):
+    """Deterministic, offline extraction with a table of patterns (`RULES` by default; pass your own to extend)."""
+
+    name = "rules"
+
+    def __init__(self, rules: Sequence[Rule] = RULES) -> None:
+        self._rules = _compile(rules)
+        self._cues = _by_cue(rules)
+
+    def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+        known = known or Known()
+        found: list[Proposal] = []
+        for turn in turns:
+            if turn.role == "user":
+                found.extend(self._from_turn(turn, known))
+        return found
+
+    def _from_turn(self, turn: Turn, known: Known) -> list[Proposal]:
+        evidence = () if turn.id is None else (turn.id,)
+        found: list[Proposal] = []
+        if _INJECTION.search(turn.content):
+            return []  # a turn that tries to instruct the model is not a statement about the user, in any sentence
+        for sentence in sentences(turn.content):
+            if _UNREAL.search(sentence):
+                continue
+            question = bool(_QUESTION.search(sentence))
+            found.extend(self._from_sentence(sentence, question, evidence, known))
+        return found
+
+    def _from_sentence(self, sentence: str, question: bool, evidence: tuple[str, ...],
+                       known: Known) -> list[Proposal]:
+        found: list[Proposal] = []
+        lowered = sentence.lower()
+        cued = {index for cue, indexes in self._cues if cue in lowered for index in indexes}
+        for index in sorted(cued):
+            compiled = self._rules[index]
+            rule = compiled.rule
+            if question and not rule.question_ok:
+                continue
+            match = compiled.regex.search(sentence)
+            if match is None or (not rule.negation_ok and _NEGATION.search(sentence, 0, match.end())):
+                continue
+            value = compiled.clean(match.group("v"))
+            if value:
+                found.append(_proposal(rule, match, value, evidence, known))
+                if rule.source == "stated":
+                    break  # "remember that I live in Porto" is kept as said, not mined twice
+        return found
+
+
+def _proposal(rule: Rule, match: re.Match[str], value: str, evidence: tuple[str, ...], known: Known) -> Proposal:
+    groups = {name: (text or "").strip().lower() for name, text in match.groupdict().items()}
+    reason = f"rule {rule.name!r} matched {match.group(0).strip()!r}"
+    if rule.key is not None:
+        key = rule.key.format(**groups).replace(" ", "_")
+        current = known.facts.get(key)
+        if current is not None and current.casefold() == value.casefold():
+            return Proposal("skip", rule.source, evidence, key=key, value=value, reason=f"{key} is already {current!r}")
+        if current is not None:
+            reason += f"; replaces the current value {current!r}, which goes to the fact's history"
+        return Proposal("set_fact", rule.source, evidence, key=key, value=value, reason=reason)
+    content = (rule.content or "{v}").format(**{**groups, "v": value})
+    if content.casefold() in {memory.casefold() for memory in known.memories}:
+        return Proposal("skip", rule.source, evidence, topic=rule.topic, content=content, reason="already remembered")
+    return Proposal("remember", rule.source, evidence, topic=rule.topic, content=content, reason=reason)
+
+
+def _factory(model: str | None) -> Extractor:
+    return RulesExtractor()
+
+
+provider = ExtractorProvider(_factory)
+"""What the `rules` entry point of the `memshelf.extractors` group names."""
