@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -60,6 +60,49 @@ def missing_modules(requires: Sequence[str]) -> list[str]:
     """The modules of `requires` that are not installed, looked up without importing them (a provider's
     availability must stay cheap to ask: asking about the local model never loads torch)."""
     return [name for name in requires if not _installed(name)]
+
+
+class Requirements:
+    """What a provider needs installed (`requires`: modules it imports when used) and whether it has it. Mixed into
+    each kind's provider record (EmbedderProvider, StoreProvider, ExtractorProvider)."""
+
+    __slots__ = ()
+    requires: tuple[str, ...]
+
+    def missing(self) -> list[str]:
+        """The required modules that are not installed."""
+        return missing_modules(self.requires)
+
+    @property
+    def available(self) -> bool:
+        return not self.missing()
+
+
+P = TypeVar("P")
+
+
+def accepting(provider: type[P], bare: str) -> Callable[[object], P]:
+    """How a group turns what an entry point names into its provider record: the record itself, or a bare factory
+    (`bare` says what it takes), wrapped as `provider(factory)`."""
+    def accept(loaded: object) -> P:
+        if isinstance(loaded, provider):
+            return loaded
+        if callable(loaded):
+            return provider(loaded)  # type: ignore[call-arg]  # each record takes its factory first
+        article = "an" if provider.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"expected {article} {provider.__name__} or {bare}, got {type(loaded).__name__}")
+    return accept
+
+
+def provider_names(in_code: Mapping[str, object], group: PluginGroup[Any]) -> list[str]:
+    """Every name of a kind: registered in code or declared by an installed distribution (none is loaded)."""
+    return sorted(set(in_code) | set(group.names()))
+
+
+def find_provider(in_code: Mapping[str, P], group: PluginGroup[P], name: str) -> P | None:
+    """The provider of that name: a registration in code first, then an entry point (loaded on first use)."""
+    key = name.lower()
+    return in_code.get(key) or group.get(key)
 
 
 def _installed(module: str) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
-from .._plugins import Availability, PluginGroup, missing_modules
+from .._plugins import Availability, PluginGroup, Requirements, accepting, find_provider, provider_names
 
 
 class Embedder(ABC):
@@ -143,7 +143,7 @@ Factory = Callable[[str | None], Embedder]
 
 
 @dataclass(frozen=True, slots=True)
-class EmbedderProvider:
+class EmbedderProvider(Requirements):
     """What an entry point of the `memshelf.embedders` group names, and what `register_embedder` keeps.
 
     create: the factory, called with the model name (the part after the colon, or None).
@@ -161,26 +161,11 @@ class EmbedderProvider:
     install: str | None = None
     default: bool = False
 
-    def missing(self) -> list[str]:
-        """The required modules that are not installed."""
-        return missing_modules(self.requires)
-
-    @property
-    def available(self) -> bool:
-        return not self.missing()
-
-
-def _accept(loaded: object) -> EmbedderProvider:
-    if isinstance(loaded, EmbedderProvider):
-        return loaded
-    if callable(loaded):
-        return EmbedderProvider(create=loaded)
-    raise TypeError(f"expected an EmbedderProvider or a factory taking the model name, got {type(loaded).__name__}")
-
 
 _REGISTRY: dict[str, EmbedderProvider] = {}
 """Providers registered in code; they win over an entry point of the same name."""
-_PLUGINS = PluginGroup("memshelf.embedders", "embedder", EmbedderError, _accept)
+_PLUGINS = PluginGroup("memshelf.embedders", "embedder", EmbedderError,
+                       accepting(EmbedderProvider, "a factory taking the model name"))
 
 
 def register_embedder(provider: str, factory: Factory | EmbedderProvider) -> None:
@@ -191,13 +176,12 @@ def register_embedder(provider: str, factory: Factory | EmbedderProvider) -> Non
 
 def registered_providers() -> list[str]:
     """Every provider name: registered in code or declared by an installed distribution (none is loaded)."""
-    return sorted(set(_REGISTRY) | set(_PLUGINS.names()))
+    return provider_names(_REGISTRY, _PLUGINS)
 
 
 def embedder_provider(name: str) -> EmbedderProvider | None:
     """The provider of that name, a registration in code first, then an entry point (loaded on first use)."""
-    key = name.lower()
-    return _REGISTRY.get(key) or _PLUGINS.get(key)
+    return find_provider(_REGISTRY, _PLUGINS, name)
 
 
 def resolve_embedder(spec: object) -> Embedder | None:

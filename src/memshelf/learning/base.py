@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, get_args
 
-from .._plugins import PluginGroup, missing_modules
+from .._plugins import PluginGroup, Requirements, accepting, find_provider, provider_names
 from ..errors import ExtractorError
 
 Op = Literal["remember", "set_fact", "supersede", "skip"]
@@ -100,7 +100,7 @@ Factory = Callable[[str | None], Extractor]
 
 
 @dataclass(frozen=True, slots=True)
-class ExtractorProvider:
+class ExtractorProvider(Requirements):
     """What an entry point of the `memshelf.extractors` group names, and what `register_extractor` keeps.
 
     create: the factory, called with the model name (the part after the colon, or None).
@@ -112,21 +112,11 @@ class ExtractorProvider:
     requires: tuple[str, ...] = ()
     install: str | None = None
 
-    def missing(self) -> list[str]:
-        return missing_modules(self.requires)
-
-
-def _accept(loaded: object) -> ExtractorProvider:
-    if isinstance(loaded, ExtractorProvider):
-        return loaded
-    if callable(loaded):
-        return ExtractorProvider(create=loaded)
-    raise TypeError(f"expected an ExtractorProvider or a factory taking the model name, got {type(loaded).__name__}")
-
 
 _REGISTRY: dict[str, ExtractorProvider] = {}
 """Providers registered in code; they win over an entry point of the same name."""
-_PLUGINS = PluginGroup("memshelf.extractors", "extractor", ExtractorError, _accept)
+_PLUGINS = PluginGroup("memshelf.extractors", "extractor", ExtractorError,
+                       accepting(ExtractorProvider, "a factory taking the model name"))
 
 
 def register_extractor(name: str, factory: Factory | ExtractorProvider) -> None:
@@ -137,13 +127,12 @@ def register_extractor(name: str, factory: Factory | ExtractorProvider) -> None:
 
 def registered_extractors() -> list[str]:
     """Every extractor name: registered in code or declared by an installed distribution (none is loaded)."""
-    return sorted(set(_REGISTRY) | set(_PLUGINS.names()))
+    return provider_names(_REGISTRY, _PLUGINS)
 
 
 def extractor_provider(name: str) -> ExtractorProvider | None:
     """The provider of that name, a registration in code first, then an entry point (loaded on first use)."""
-    key = name.lower()
-    return _REGISTRY.get(key) or _PLUGINS.get(key)
+    return find_provider(_REGISTRY, _PLUGINS, name)
 
 
 def default_extractor_spec() -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .._plugins import Availability, PluginGroup, missing_modules
+from .._plugins import Availability, PluginGroup, Requirements, accepting, find_provider, provider_names
 
 if TYPE_CHECKING:
     from .base import Store
@@ -22,7 +22,7 @@ PATH_SCHEME = "sqlite"
 
 
 @dataclass(frozen=True, slots=True)
-class StoreProvider:
+class StoreProvider(Requirements):
     """What an entry point of the `memshelf.stores` group names, and what `register_store` keeps.
 
     open: the factory, called with the whole target ("postgresql://...", or the path for sqlite).
@@ -41,26 +41,11 @@ class StoreProvider:
     install: str | None = None
     check_existing: Callable[[str], None] | None = None
 
-    def missing(self) -> list[str]:
-        """The required modules that are not installed."""
-        return missing_modules(self.requires)
-
-    @property
-    def available(self) -> bool:
-        return not self.missing()
-
-
-def _accept(loaded: object) -> StoreProvider:
-    if isinstance(loaded, StoreProvider):
-        return loaded
-    if callable(loaded):
-        return StoreProvider(open=loaded)
-    raise TypeError(f"expected a StoreProvider or a factory taking the target, got {type(loaded).__name__}")
-
 
 _SCHEMES: dict[str, StoreProvider] = {}
 """Backends registered in code; they win over an entry point of the same scheme."""
-_PLUGINS = PluginGroup("memshelf.stores", "store", ConfigError, _accept)
+_PLUGINS = PluginGroup("memshelf.stores", "store", ConfigError,
+                       accepting(StoreProvider, "a factory taking the target"))
 
 
 def register_store(scheme: str, factory: StoreFactory | StoreProvider) -> None:
@@ -71,7 +56,7 @@ def register_store(scheme: str, factory: StoreFactory | StoreProvider) -> None:
 
 def registered_schemes() -> list[str]:
     """Every scheme: registered in code or declared by an installed distribution (none is loaded)."""
-    return sorted(set(_SCHEMES) | set(_PLUGINS.names()))
+    return provider_names(_SCHEMES, _PLUGINS)
 
 
 def target_scheme(target: str) -> str:
@@ -81,8 +66,7 @@ def target_scheme(target: str) -> str:
 
 def store_provider(scheme: str) -> StoreProvider | None:
     """The backend for a scheme, a registration in code first, then an entry point (loaded on first use)."""
-    key = scheme.lower()
-    return _SCHEMES.get(key) or _PLUGINS.get(key)
+    return find_provider(_SCHEMES, _PLUGINS, scheme)
 
 
 def store_availability() -> list[Availability]:
