@@ -2,16 +2,18 @@
 
 from .embedders.base import Embedder, register_embedder
 from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput,
-                     MemshelfError, NotFound, StoreError, StoreUnavailable, UnknownSource)
+                     ExtractorError, MemshelfError, NotFound, StoreError, StoreUnavailable, UnknownSource)
 from .keywords import keywords
+from .learning.base import Plan, Proposal, Usage
 from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
 from .shelf import Shelf
 from .stores.base import ApiKey, Erased, Store, register_store
 
 __all__ = [
-    "ApiKey", "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Erased", "Fact",
-    "FactChange", "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound", "Owner", "SearchResult",
-    "Shelf", "Store", "StoreError", "StoreUnavailable", "UnknownSource", "keywords", "register_embedder",
+    "ApiKey", "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Erased",
+    "ExtractorError", "Fact", "FactChange", "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound",
+    "Owner", "Plan", "Proposal", "SearchResult",
+    "Shelf", "Store", "StoreError", "StoreUnavailable", "UnknownSource", "Usage", "keywords", "register_embedder",
     "register_store",
 ]
 __version__ = "0.1.0"

@@ -23,6 +23,8 @@ from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from ._ids import is_id, new_id
 from .keywords import keywords
+from .learning import _decide as learning_decide
+from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
                     check_ttl, missing_changes, resolve_expiry, utcnow)
@@ -477,6 +479,20 @@ class Shelf:
         thread = None if thread is None else check_text("thread", thread, MAX_TOPIC_CHARS)
         page = self.store.page_messages(owner, thread, after, limit, self.now())
         return page, _next_cursor(owner, page, limit)
+
+    # ---------------------------------------------------------------- learning
+    def learn(self, owner: Owner, messages: Sequence[Mapping[str, Any] | Turn] | None = None, *,
+              thread: str | None = None, extractor: object = None, dry_run: bool = False) -> Plan:
+        """Learn from a conversation: the extractor proposes, the Shelf decides, and (unless dry_run) applies the
+        plan in one transaction.
+
+        messages: turns given directly, like [{"role": "user", "content": "I moved to Lisbon.", "at": when}]; or
+        thread: the name of a logged thread, whose messages are read.
+        extractor: "rules" (the default, or MEMSHELF_EXTRACTOR), "ollama:MODEL", "openai:MODEL", or an Extractor.
+        The plan lists every proposal with the decision taken on it and why (see README, "Learning")."""
+        owner = _check_owner(owner)
+        thread = learning_decide.check_learn_args(messages, thread)
+        return learning_decide.learn(self, owner, messages, thread, extractor, bool(dry_run))
 
     # ---------------------------------------------------------------- erasure
     def forget_user(self, owner: Owner) -> Erased:

@@ -6,7 +6,8 @@ entry point group declared in memshelf's pyproject.toml. Nothing here imports a 
 
 from __future__ import annotations
 
-from .base import (DEFAULT_EXTRACTOR, OPS, Extractor, ExtractorProvider, Known, Proposal, Turn, default_extractor_spec,
+from .base import (DEFAULT_EXTRACTOR, OPS, Extractor, ExtractorProvider, Known, Plan, Proposal, Turn, Usage,
+                   default_extractor_spec,
                    extractor_provider, register_extractor, registered_extractors, resolve_extractor)
 from .rules import RULES, Rule, RulesExtractor
 
@@ -17,10 +18,12 @@ __all__ = [
     "Extractor",
     "ExtractorProvider",
     "Known",
+    "Plan",
     "Proposal",
     "Rule",
     "RulesExtractor",
     "Turn",
+    "Usage",
     "default_extractor_spec",
     "extractor_provider",
     "register_extractor",

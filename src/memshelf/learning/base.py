@@ -75,16 +75,63 @@ class Proposal:
     value: str | None = None
     replaces: str | None = None
     reason: str = ""
+    record: str | None = None  # set by the Shelf when applied: the id of the memory written, or the fact's key
+    at: datetime | None = None  # when its newest evidence was said, filled in by the Shelf from the messages
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ExtractorError(f"a proposal's op must be one of {', '.join(OPS)}; got {self.op!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one `propose` call cost: model calls made, tokens read and written (None when the service does not
+    say), and wall time in milliseconds. An extractor without a model reports zero calls."""
+
+    calls: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one `Shelf.learn` call read, proposed and decided.
+
+    proposals: every proposal with the Shelf's decision on it: `op` is what was (or, in a dry run, would be) done
+        ("skip" when the Shelf refused, with the reason why), `record` the memory id or fact key it wrote.
+    messages: the ids of the logged messages read (empty for turns passed in directly).
+    watermark: the id of the last message now learned in the thread (unchanged in a dry run or on failure).
+    usage: what the extractor reported (model calls, tokens, its latency); latency_ms is the whole call's.
+    """
+
+    owner: str
+    thread: str | None
+    extractor: str
+    dry_run: bool
+    proposals: tuple[Proposal, ...] = ()
+    messages: tuple[str, ...] = ()
+    watermark: str | None = None
+    usage: Usage | None = None
+    latency_ms: float = 0.0
+
+    @property
+    def applied(self) -> tuple[Proposal, ...]:
+        """The proposals that write something (in a dry run: that would)."""
+        return tuple(p for p in self.proposals if p.op != "skip")
+
+    @property
+    def skipped(self) -> tuple[Proposal, ...]:
+        return tuple(p for p in self.proposals if p.op == "skip")
+
+
 class Extractor(ABC):
-    """Turns conversation turns into proposals. One required method, `propose`; it never writes."""
+    """Turns conversation turns into proposals. One required method, `propose`; it never writes.
+
+    After each call `usage` says what it cost (model calls, tokens); the Shelf copies it into the plan."""
 
     name: str = "extractor"
+    usage: Usage | None = None
 
     @abstractmethod
     def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:

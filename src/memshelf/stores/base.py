@@ -134,6 +134,10 @@ class MemoryStore(ABC):
     @abstractmethod
     def delete_memory(self, owner: Owner, memory_id: str) -> bool: ...
 
+    def supersede_memory(self, owner: Owner, old_id: str, new_id: str, now: datetime) -> bool:
+        """Close the owner's memory old_id as replaced by new_id at `now`, keeping its text. (Not yet written.)"""
+        raise NotImplementedError("superseding memories is not written yet")
+
     @abstractmethod
     def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
         """Live memories newest first (created_at, then row key), starting after `after` (None: the newest).
