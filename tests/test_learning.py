@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 
 import pytest
+from fakes import HashEmbedder
 
 from memshelf import ExtractorError, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, Known, Turn
@@ -182,6 +183,27 @@ def test_a_statement_supersedes_and_the_old_memory_stays_in_the_past(shelf, cloc
         "Kaleb works at Acme.", "Kaleb works at Globex."}
     assert [h.memory.content for h in shelf.search(KALEB, "Kaleb works", as_of=before)] == ["Kaleb works at Acme."]
     assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["Kaleb works at Globex."]
+
+
+@pytest.mark.parametrize("mode", ["semantic", "hybrid"])
+def test_meaning_search_skips_a_superseded_memory_too(open_shelf, clock, mode):
+    """Vector search as well as keywords: on SQLite the owner's cached vector matrix is refreshed when a memory is
+    closed; on PostgreSQL the exact scan drops closed rows."""
+    shelf = open_shelf(embedder=HashEmbedder(), clock=clock)
+    old = shelf.remember(KALEB, "work", "Kaleb works at Acme as a welder.")
+    clock.advance(60)
+    before = shelf.now()
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode)] == [old.id]  # cached now
+    clock.advance(60)
+    shelf.log_message(KALEB, "t1", "user", "I work at Globex now.")
+    told = Scripted(lambda turns: [Proposal("supersede", "stated", (turns[0].id,), topic="work",
+                                            content="Kaleb works at Globex as a welder.", replaces=old.id)])
+    [applied] = shelf.learn(KALEB, thread="t1", extractor=told).applied
+
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode)] == [applied.record]
+    assert {h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode, include_superseded=True)} == {
+        old.id, applied.record}
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode, as_of=before)] == [old.id]
 
 
 def test_another_owners_memory_cannot_be_superseded(shelf):

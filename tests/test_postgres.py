@@ -627,7 +627,7 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
     if pg_server.data_dir is None:
         pytest.skip("needs the embedded server's data directory (MEMSHELF_TEST_DATABASE_URL is set)")
     url, kaleb, embedder = pg_server.fresh_database(), Owner("scrub", "kaleb-quokkauser"), HashEmbedder()
-    needles = [b"quokkavault", b"quokkatopic", b"quokkakey", b"quokkavalue", b"quokkathread",
+    needles = [b"quokkavault", b"quokkatopic", b"quokkakey", b"quokkavalue", b"quokkathread", b"Quokkaville",
                pack(embedder.embed(SECRET))]
     if erase != "forget_each":
         needles.append(b"kaleb-quokkauser")
@@ -637,6 +637,8 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
         memory = shelf.remember(kaleb, "quokkatopic", SECRET)
         shelf.set_fact(kaleb, "quokkakey", "quokkavalue")
         shelf.log_message(kaleb, "quokkathread", "user", SECRET, ttl=10)
+        shelf.log_message(kaleb, "quokkathread", "user", "I live in Quokkaville.")
+        shelf.learn(kaleb, thread="quokkathread")  # a watermark and evidence naming the thread, a learned fact
         store = shelf.store
         assert store.wait_for_indexes(120)
         store.scrub()  # nothing erased yet: nothing to do, but CHECKPOINT writes the rows to the files
@@ -652,7 +654,9 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
             shelf.forget_fact(kaleb, "quokkakey")
             clock.advance(3600)
             assert shelf.purge_expired().messages == 1  # the message went by its own retention
-        assert set(store.scrub(full=full)) >= {"memories", "facts", "fact_history", "messages"}
+            assert shelf.forget_thread(kaleb, "quokkathread", cascade=True).facts == 1  # and what was learned
+        assert set(store.scrub(full=full)) >= {"memories", "facts", "fact_history", "messages", "learn_marks",
+                                               "learned_from"}
         left = _files_holding(pg_server.data_dir, url, needles)
     if full:
         assert left == {}
