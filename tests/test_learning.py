@@ -15,6 +15,7 @@ from fakes import HashEmbedder
 from memshelf import ExtractorError, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, Known, Turn
 from memshelf.learning import _decide
+from memshelf.migrate import migrate
 from memshelf.stores.sqlite import SQLiteStore
 
 KALEB = Owner("home", "kaleb")
@@ -308,3 +309,27 @@ def test_a_failed_write_leaves_no_record_and_no_watermark(tmp_path):
             other.execute("ROLLBACK")
         assert shelf.facts(KALEB) == [] and shelf.store.learn_mark(KALEB, "t1") is None
         assert len(shelf.learn(KALEB, thread="t1").messages) == 1 and fact(shelf, "home_city") == "Porto"
+
+
+def test_migrate_copies_what_learning_keeps(tmp_path, target, clock):
+    """A SQLite file with learned records, a superseded memory, evidence and watermarks, copied to each backend:
+    the copy is verified record by record (the export's lines), so each of them is there, as it was."""
+    source = str(tmp_path / "source.db")
+    with Shelf.open(source, embedder=None, clock=clock) as shelf:
+        old = shelf.remember(KALEB, "work", "Kaleb works at Acme.")
+        shelf.log_message(KALEB, "t1", "user", "I live in Porto. I work at Globex now.")
+        told = Scripted(lambda turns: [Proposal("supersede", "stated", (turns[0].id,), topic="work",
+                                                content="Kaleb works at Globex.", replaces=old.id),
+                                       Proposal("set_fact", "mined", (turns[0].id,), key="home_city", value="Porto")])
+        shelf.learn(KALEB, thread="t1", extractor=told)
+        exported = records(shelf)
+
+    report = migrate(source, target).as_dict()
+
+    assert report["copied"] == {"memories": 2, "facts": 1, "fact_changes": 1, "messages": 1, "evidence": 2,
+                                "learn_marks": 1}
+    assert report["verified"]["home/kaleb"]["evidence"] == 2
+    with Shelf.open(target, embedder=None, clock=clock) as copy:
+        assert records(copy) == exported
+        assert copy.get(KALEB, old.id).superseded_by is not None
+        assert copy.learn(KALEB, thread="t1").messages == ()  # the watermark came along

@@ -229,7 +229,8 @@ def _remembered(shelf: Shelf, owner: Owner, proposal: Proposal, memory: Memory, 
     if not seen_again or plan.cites("memory", memory.id) or shelf.store.evidence(owner, "memory", memory.id):
         plan.cite("memory", memory.id, proposal, said_at)
     if seen_again:
-        proposal = _with(proposal, f"seen again: {memory.id} now has {memory.observations} observations")
+        proposal = _with(proposal, f"seen again: {memory.id} now has {memory.observations} observations" + (
+            f"; it stays superseded by {memory.superseded_by}" if memory.superseded_by else ""))
     if proposal.op != "supersede":
         return proposal
     if proposal.replaces == memory.id:
