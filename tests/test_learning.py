@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import pytest
 from fakes import HashEmbedder
 
-from memshelf import ExtractorError, Owner, Proposal, Shelf
+from memshelf import ExtractorError, MemshelfError, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, Known, Turn
 from memshelf.learning import _decide
 from memshelf.migrate import migrate
@@ -294,6 +294,42 @@ def test_forget_user_leaves_nothing_learned_behind(shelf):
     assert shelf.store.learn_marks(KALEB) == {} and shelf.store.evidence(KALEB, None, None) == []
     assert [r["kind"] for r in records(shelf)] == ["memshelf-export"]
     assert shelf.store.learn_marks(MAYA) and shelf.store.evidence(MAYA, None, None)
+
+
+def _run_sql(backend: str, target: str, statement: str) -> None:
+    """Change the database behind memshelf's back (as the test server's superuser on PostgreSQL)."""
+    if backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as conn:
+            conn.execute(statement)
+        return
+    import psycopg
+
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+_REFUSE_MARKS = {
+    "sqlite": "CREATE TRIGGER refuse_marks BEFORE INSERT ON learn_marks BEGIN SELECT RAISE(ABORT, 'disk says no'); END",
+    "postgres": "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION"
+                " 'disk says no'; END $$; CREATE TRIGGER refuse_marks BEFORE INSERT ON learn_marks FOR EACH ROW"
+                " EXECUTE FUNCTION refuse()",
+}
+
+
+def test_a_failure_at_the_end_of_a_plan_writes_none_of_it(shelf, backend, target):
+    """The watermark is the plan's last write: when the database refuses it, the facts, memories and evidence
+    written before it in the same transaction are gone too, and the next call learns the same messages."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+    _run_sql(backend, target, _REFUSE_MARKS[backend])
+
+    with pytest.raises(MemshelfError, match="disk says no"):
+        shelf.learn(KALEB, thread="t1")
+
+    assert shelf.facts(KALEB) == [] and shelf.list_memories(KALEB)[0] == []
+    assert shelf.store.evidence(KALEB, None, None) == [] and shelf.store.learn_mark(KALEB, "t1") is None
+    _run_sql(backend, target, "DROP TRIGGER refuse_marks" + (" ON learn_marks" if backend == "postgres" else ""))
+    plan = shelf.learn(KALEB, thread="t1")
+    assert len(plan.messages) == 1 and fact(shelf, "home_city") == "Porto" and shelf.list_memories(KALEB)[0]
 
 
 def test_a_failed_write_leaves_no_record_and_no_watermark(tmp_path):
