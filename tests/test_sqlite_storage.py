@@ -107,7 +107,8 @@ def test_upgrading_repairs_a_double_indexed_tenant(tmp_path, monkeypatch):
     """A file written before m005: each tenant's first memory indexed twice, and levels piled up by full merges.
     Opening it with this version rebuilds each tenant's tables from that tenant's rows only."""
     db = tmp_path / "memory.db"
-    monkeypatch.setattr(sqlite_store, "MIGRATIONS", MIGRATIONS[:4])
+    # the file before m005, with the columns this version reads (m008 and later) so that it can write to it
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", [*MIGRATIONS[:4], *(m for m in MIGRATIONS if m[0] >= "m008")])
     old = SQLiteStore(str(db))
     shelf = Shelf(old, embedder=None)
     for owner in (KALEB, Owner("acme", "ann")):

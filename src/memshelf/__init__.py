@@ -7,12 +7,12 @@ from .keywords import keywords
 from .learning.base import Plan, Proposal, Usage
 from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
 from .shelf import Shelf
-from .stores.base import ApiKey, Erased, Store, register_store
+from .stores.base import ApiKey, Erased, Evidence, Store, register_store
 
 __all__ = [
     "ApiKey", "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Erased",
-    "ExtractorError", "Fact", "FactChange", "Hit", "InvalidInput", "Memory", "MemshelfError", "Message", "NotFound",
-    "Owner", "Plan", "Proposal", "SearchResult",
+    "Evidence", "ExtractorError", "Fact", "FactChange", "Hit", "InvalidInput", "Memory", "MemshelfError", "Message",
+    "NotFound", "Owner", "Plan", "Proposal", "SearchResult",
     "Shelf", "Store", "StoreError", "StoreUnavailable", "UnknownSource", "Usage", "keywords", "register_embedder",
     "register_store",
 ]

@@ -2,8 +2,10 @@
 hashed by `memshelf migrate` to verify a copy (migrate.owner_lines).
 
 A stream starts with a header {"kind": "memshelf-export", "format": EXPORT_FORMAT}, then one record per row of the
-owner's tables, kind by kind in the registry's order (stores/tables.py): memory (its vector as base64 little-endian
-float32), fact, fact_change, message. Times are ISO 8601 with microseconds and the offset (`iso`). Reading a record
+owner's tables, kind by kind in the registry's order (stores/tables.py): memory (its vector as base64
+little-endian float32; superseded_at and superseded_by only when it was superseded), fact, fact_change, message,
+evidence (a message a learned memory or fact came from), learn_mark (where learning stopped in a thread). Times
+are ISO 8601 with microseconds and the offset (`iso`). Reading a record
 back checks it as remember() checks its input, never trusting it (read_record).
 """
 
@@ -22,7 +24,7 @@ from .errors import InvalidInput
 from ._ids import is_id, new_id
 from .model import (EARLIEST, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Memory,
                     Message, Owner, Sources, check_text, check_topic, check_when, resolve_expiry)
-from .stores.base import Store
+from .stores.base import Evidence, Mark, Store
 
 EXPORT_FORMAT = 1
 HEADER_KIND = "memshelf-export"
@@ -43,6 +45,14 @@ def header() -> dict[str, Any]:
 
 
 def memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
+    """A memory's record; the supersession fields only when set, so a current memory's line (and migrate's checksum
+    of it) is what it was before memories could be superseded."""
+    closed = {} if memory.superseded_at is None else {"superseded_at": iso(memory.superseded_at),
+                                                      "superseded_by": memory.superseded_by}
+    return {**_memory_fields(memory, blob), **closed}
+
+
+def _memory_fields(memory: Memory, blob: bytes | None) -> dict[str, Any]:
     return {"kind": "memory", "id": memory.id, "topic": memory.topic, "content": memory.content,
             "source": memory.source, "confidence": memory.confidence, "created_at": iso(memory.created_at),
             "last_seen": iso(memory.last_seen), "observations": memory.observations,
@@ -66,6 +76,15 @@ def message_record(message: Message) -> dict[str, Any]:
             "content": message.content, "created_at": iso(message.created_at), "expires_at": iso(message.expires_at)}
 
 
+def evidence_record(evidence: Evidence) -> dict[str, Any]:
+    return {"kind": "evidence", "of": evidence.kind, "record": evidence.record, "message_id": evidence.message_id,
+            "thread": evidence.thread, "said_at": iso(evidence.said_at)}
+
+
+def learn_mark_record(thread: str, mark: Mark) -> dict[str, Any]:
+    return {"kind": "learn_mark", "thread": thread, "message_id": mark.message_id, "said_at": iso(mark.said_at)}
+
+
 def _memories(store: Store, owner: Owner, now: datetime | None) -> Iterator[dict[str, Any]]:
     return (memory_record(memory, blob) for memory, blob in store.iter_memories(owner, now))
 
@@ -82,8 +101,17 @@ def _messages(store: Store, owner: Owner, now: datetime | None) -> Iterator[dict
     return (message_record(message) for message in store.messages(owner, None, EVERYTHING, now))
 
 
+def _evidence(store: Store, owner: Owner, now: datetime | None) -> Iterator[dict[str, Any]]:
+    return (evidence_record(row) for row in store.evidence(owner, None, None))
+
+
+def _learn_marks(store: Store, owner: Owner, now: datetime | None) -> Iterator[dict[str, Any]]:
+    return (learn_mark_record(thread, mark) for thread, mark in sorted(store.learn_marks(owner).items()))
+
+
 WRITERS: dict[str, Callable[[Store, Owner, datetime | None], Iterator[dict[str, Any]]]] = {
-    "memory": _memories, "fact": _facts, "fact_change": _fact_changes, "message": _messages}
+    "memory": _memories, "fact": _facts, "fact_change": _fact_changes, "message": _messages,
+    "evidence": _evidence, "learn_mark": _learn_marks}
 """The records of each kind of the registry (tables.py), read from a store; each kind's table is in the registry."""
 
 
@@ -112,6 +140,8 @@ class ImportBatch:
         self.facts: list[Fact] = []
         self.changes: list[FactChange] = []
         self.messages: list[Message] = []
+        self.evidence: list[Evidence] = []
+        self.marks: dict[str, Mark] = {}
 
 
 def read_record(record: object, batch: ImportBatch, now: datetime, sources: Sources) -> None:
@@ -143,9 +173,32 @@ def read_record(record: object, batch: ImportBatch, now: datetime, sources: Sour
             _field(record, "content", lambda v: check_text("content", v)),
             _field(record, "created_at", _past(now)),
             _optional(record, "expires_at", _future(now))))
+    elif kind == "evidence":
+        batch.evidence.append(_evidence_from_record(record, now))
+    elif kind == "learn_mark":
+        thread = _field(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS))
+        batch.marks[thread] = Mark(_field(record, "message_id", _record_id("msg")),
+                                   _field(record, "said_at", _past(now)))
     else:
         shown = repr(kind[:40]) if isinstance(kind, str) else f"of type {type(kind).__name__}"
-        raise InvalidInput(f"unknown record kind {shown}: use memory, fact, fact_change or message")
+        raise InvalidInput(f"unknown record kind {shown}: use memory, fact, fact_change, message, evidence or "
+                           "learn_mark")
+
+
+def _evidence_from_record(record: Mapping[str, Any], now: datetime) -> Evidence:
+    of = _field(record, "of", _one_of("memory", "fact"))
+    check = _record_id("m") if of == "memory" else (lambda v: check_text("fact key", v, MAX_FACT_KEY_CHARS))
+    return Evidence(of, _field(record, "record", check), _field(record, "message_id", _record_id("msg")),
+                    _optional(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS)),
+                    _optional(record, "said_at", _past(now)))
+
+
+def _one_of(*allowed: str) -> Callable[[object], str]:
+    def check(value: object) -> str:
+        if value not in allowed:
+            raise InvalidInput(f"must be one of {', '.join(allowed)}")
+        return value  # type: ignore[return-value]
+    return check
 
 
 def _known_source(sources: Sources) -> Callable[[object], str]:
@@ -177,7 +230,11 @@ def _memory_from_record(record: Mapping[str, Any], now: datetime, sources: Sourc
                     confidence=sources.confidence(source), created_at=created,
                     expires_at=_optional(record, "expires_at", _future(now)), last_seen=last_seen,
                     observations=_optional(record, "observations", _observations) or 1,
-                    embed_model=model if blob is not None else None)
+                    embed_model=model if blob is not None else None,
+                    superseded_at=_optional(record, "superseded_at", _past(now)),
+                    superseded_by=_optional(record, "superseded_by", _record_id("m")))
+    if (memory.superseded_at is None) != (memory.superseded_by is None):
+        raise InvalidInput("fields 'superseded_at' and 'superseded_by' go together: give both or neither")
     return memory, blob
 
 

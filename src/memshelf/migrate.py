@@ -157,6 +157,20 @@ def _copy_owner(source: Store, dest: Store, owner: Owner, batch: int, report: Mi
     for chunk in _chunks(iter(source.messages(owner, None, EVERYTHING, None)), batch):
         report.copied["messages"] += dest.import_messages(owner, chunk)
         advance(len(chunk))
+    _copy_learning(source, dest, owner, report)
+
+
+def _copy_learning(source: Store, dest: Store, owner: Owner, report: MigrationReport) -> None:
+    """The evidence of learned records (what the destination lacks, as fact history) and the watermarks."""
+    evidence = missing_changes(source.evidence(owner, None, None), dest.evidence(owner, None, None))
+    if evidence:
+        dest.add_evidence(owner, evidence)
+        report.copied["evidence"] += len(evidence)
+    present = dest.learn_marks(owner)
+    for thread, mark in source.learn_marks(owner).items():
+        if thread not in present:
+            dest.set_learn_mark(owner, thread, mark, mark.said_at)
+            report.copied["learn_marks"] += 1
 
 
 
@@ -199,7 +213,7 @@ def owner_check(store: Store, owner: Owner) -> OwnerCheck:
         for line in records:
             digest.update(f"{kind}\t{line}\n".encode())
     names = counted_by_kind()
-    counts = {names[kind]: len(records) for kind, records in lines.items()}
+    counts = {names.get(kind, kind): len(records) for kind, records in lines.items() if kind in names or records}
     return OwnerCheck(owner, counts, digest.hexdigest())
 
 

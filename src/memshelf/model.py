@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from .errors import InvalidInput, UnknownSource
 
@@ -125,6 +125,8 @@ class Memory:
     last_seen: datetime | None = None
     observations: int = 1
     embed_model: str | None = None
+    superseded_at: datetime | None = None  # when a newer memory replaced it (it keeps its text; searches skip it)
+    superseded_by: str | None = None  # the id of that newer memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +161,13 @@ class FactChange:
     set_at: datetime
 
 
-def missing_changes(wanted: Sequence[FactChange], present: Sequence[FactChange]) -> list[FactChange]:
+_Row = TypeVar("_Row", bound=Hashable)
+
+
+def missing_changes(wanted: Sequence[_Row], present: Sequence[_Row]) -> list[_Row]:
     """The fact changes of `wanted` that `present` lacks (a multiset difference, in wanted's order). History has no
-    ids: a change is its (key, value, source, set_at), so a second import or a resumed migration adds none twice."""
+    ids: a change is its (key, value, source, set_at), so a second import or a resumed migration adds none twice.
+    Evidence rows (stores.base.Evidence) are compared the same way."""
     have = Counter(present)
     missing = []
     for change in wanted:

@@ -27,9 +27,9 @@ from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
-                    check_ttl, missing_changes, resolve_expiry, utcnow)
+                    check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
 from ._retrieval import Candidate, fuse
-from .stores.base import ApiKey, Erased, Position, Store, open_store
+from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
 from .stores.tables import exported_kinds
 from ._vectors import pack
 
@@ -110,6 +110,22 @@ def _open_message_ttl(message_ttl: object) -> timedelta | None:
         return None if message_ttl is None else check_ttl("message_ttl", message_ttl)
     except InvalidInput as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _view(as_of: object, include_superseded: object) -> View:
+    """Which memories a read sees: current ones by default; as_of (an aware datetime) reads the past."""
+    return View(None if as_of is None else check_when("as_of", as_of), bool(include_superseded))
+
+
+def _facts_as_of(history: Sequence[FactChange], outranks: Callable[[str, str], bool], as_of: datetime) -> list[Fact]:
+    """The facts current at `as_of`, replayed from their history (oldest first) with set_fact's rule: a value
+    replaces the current one unless its source is weaker. Most recently set first, as facts() lists them."""
+    current: dict[str, Fact] = {}
+    for change in history:
+        held = current.get(change.key)
+        if change.set_at <= as_of and (held is None or outranks(change.source, held.source)):
+            current[change.key] = Fact(change.key, change.value, change.source, change.set_at)
+    return sorted(current.values(), key=lambda f: (-f.updated_at.timestamp(), f.key))
 
 
 def _check_backfill(batch_size: object, progress: object) -> None:
@@ -341,15 +357,19 @@ class Shelf:
 
     # ---------------------------------------------------------------- retrieval
     def search(self, owner: Owner, question: str, *, mode: str = "auto", limit: int = 5,
-               floor: float | None = None) -> SearchResult:
-        """Find the owner's memories for a question.
+               floor: float | None = None, include_superseded: bool = False,
+               as_of: datetime | None = None) -> SearchResult:
+        """Find the owner's current memories for a question (a superseded memory is not current).
 
         keyword: full-text, ordered by confidence, then match quality, then newest (spec 000).
         semantic: cosine above `floor`, ordered by (score, confidence) (spec 002).
         hybrid: both, fused, ordered by confidence then fused score. auto: hybrid with an embedder, else keyword.
         If the embedder is unreachable, semantic and hybrid fall back to keyword and the result is `degraded`.
+        as_of: what was current at that instant (created by then, not yet superseded then); include_superseded:
+        superseded memories too.
         """
         owner = _check_owner(owner)
+        view = _view(as_of, include_superseded)
         if not isinstance(question, str):
             raise InvalidInput(f"question must be a string, got {type(question).__name__}")
         check_text("question", question)
@@ -365,48 +385,54 @@ class Shelf:
         now = self.now()
         terms = keywords(question, limit=MAX_QUERY_TERMS)
         if mode == "keyword":
-            return self._keyword(owner, terms, limit, now)
+            return self._keyword(owner, terms, limit, now, view)
         try:
             with embedding_deadline(search_timeout()):
                 query = self.embedder.embed_batch([question])[0]  # type: ignore[union-attr]
         except EmbedderUnavailable as exc:
             log.warning("embedder unavailable, searching by keywords only: %s", exc)
-            result = self._keyword(owner, terms, limit, now)
+            result = self._keyword(owner, terms, limit, now, view)
             result.degraded, result.reason = True, str(exc)
             return result
         if mode == "semantic":
-            found = self.store.vector_search(owner, self.embedder.model, query, limit, floor, now)  # type: ignore[union-attr]
+            found = self.store.vector_search(owner, self.embedder.model, query, limit, floor, now, view)  # type: ignore[union-attr]
             return SearchResult([Hit(s.memory, s.score, "semantic") for s in found], mode="semantic")
-        return self._hybrid(owner, terms, query, limit, floor, now)
+        return self._hybrid(owner, terms, query, limit, floor, now, view)
 
-    def _keyword(self, owner: Owner, terms: list[str], limit: int, now: datetime) -> SearchResult:
-        found = self.store.keyword_search(owner, terms, limit, now, by_confidence=True)
+    def _keyword(self, owner: Owner, terms: list[str], limit: int, now: datetime, view: View) -> SearchResult:
+        found = self.store.keyword_search(owner, terms, limit, now, by_confidence=True, view=view)
         return SearchResult([Hit(s.memory, s.score, "keyword") for s in found], mode="keyword")
 
     def _hybrid(self, owner: Owner, terms: list[str], query: np.ndarray, limit: int, floor: float,
-                now: datetime) -> SearchResult:
+                now: datetime, view: View) -> SearchResult:
         width = max(CANDIDATES, limit)
-        by_words = self.store.keyword_search(owner, terms, width, now, by_confidence=False)
-        by_meaning = self.store.vector_search(owner, self.embedder.model, query, width, floor, now)  # type: ignore[union-attr]
+        by_words = self.store.keyword_search(owner, terms, width, now, by_confidence=False, view=view)
+        by_meaning = self.store.vector_search(owner, self.embedder.model, query, width, floor, now, view)  # type: ignore[union-attr]
         fused: list[Candidate] = fuse(by_words, by_meaning)
         fused.sort(key=lambda c: (-c.memory.confidence, -c.score, -c.memory.created_at.timestamp()))
         return SearchResult([Hit(c.memory, c.score, c.retriever, c.details) for c in fused[:limit]], mode="hybrid")
 
-    def context(self, owner: Owner, question: str, *, limit: int = 3, mode: str = "auto") -> str:
-        """The `Relevant knowledge (...)` block for a question, or "" when nothing matches."""
-        return ctx.knowledge_block(self.search(owner, question, mode=mode, limit=limit), self.budget)
+    def context(self, owner: Owner, question: str, *, limit: int = 3, mode: str = "auto",
+                include_superseded: bool = False, as_of: datetime | None = None) -> str:
+        """The `Relevant knowledge (...)` block for a question, or "" when nothing matches (as_of and
+        include_superseded as for search)."""
+        return ctx.knowledge_block(self.search(owner, question, mode=mode, limit=limit, as_of=as_of,
+                                               include_superseded=include_superseded), self.budget)
 
     def build_prompt(self, base_prompt: str, owner: Owner, user_text: str, *, limit: int = 3,
-                     mode: str = "auto") -> str:
-        """base prompt + `Memory context:` (facts, always) + relevant knowledge (only when something matches)."""
+                     mode: str = "auto", include_superseded: bool = False, as_of: datetime | None = None) -> str:
+        """base prompt + `Memory context:` (facts, always) + relevant knowledge (only when something matches).
+        With as_of, both are what was current then: the facts of that instant and the memories current then."""
         if not isinstance(base_prompt, str):
             raise InvalidInput(f"base_prompt must be a string, got {type(base_prompt).__name__}")
         if not isinstance(user_text, str):
             raise InvalidInput(f"user_text must be a string, got {type(user_text).__name__}")
         check_encodable("base_prompt", base_prompt)
         check_encodable("user_text", user_text)
-        hits = self.search(owner, user_text, mode=mode, limit=limit) if user_text.strip() else []
-        return ctx.assemble(base_prompt, self.facts(owner), hits, self.budget, confirmed=self._confirmed_sources())
+        hits = self.search(owner, user_text, mode=mode, limit=limit, as_of=as_of,
+                           include_superseded=include_superseded) if user_text.strip() else []
+        return ctx.assemble(base_prompt, self.facts(owner, as_of=as_of), hits, self.budget,
+                            confirmed=self._confirmed_sources())
 
     def _confirmed_sources(self) -> set[str]:
         """The sources worth as much as `stated`: a fact from any other (or undeclared) source is a guess."""
@@ -426,9 +452,15 @@ class Shelf:
         return self.store.set_fact(owner, key, value, source, self.now(),
                                    replaces=lambda current: worth >= self.sources.get(current, 1.0))
 
-    def facts(self, owner: Owner) -> list[Fact]:
-        """The owner's current facts, most recently set first."""
-        return self.store.facts(_check_owner(owner))
+    def facts(self, owner: Owner, *, as_of: datetime | None = None) -> list[Fact]:
+        """The owner's current facts, most recently set first; with as_of, the values they had at that instant
+        (read from fact history; a fact erased with forget_fact has no past)."""
+        owner = _check_owner(owner)
+        if as_of is None:
+            return self.store.facts(owner)
+        return _facts_as_of(self.store.fact_history(owner, None),
+                            lambda new, held: self.sources.get(new, 1.0) >= self.sources.get(held, 1.0),
+                            check_when("as_of", as_of))
 
     get_facts = facts
 
@@ -494,7 +526,24 @@ class Shelf:
         thread = learning_decide.check_learn_args(messages, thread)
         return learning_decide.learn(self, owner, messages, thread, extractor, bool(dry_run))
 
+    def evidence(self, owner: Owner, *, memory_id: str | None = None, key: str | None = None) -> list[Evidence]:
+        """The messages a learned memory (memory_id) or fact (key) came from, oldest first: each with its thread and
+        when it was said. Empty for a record the caller wrote. Give one of memory_id and key."""
+        owner = _check_owner(owner)
+        if (memory_id is None) == (key is None):
+            raise InvalidInput("evidence of what? give memory_id (a memory's id) or key (a fact's key), one of them")
+        if memory_id is not None:
+            return self.store.evidence(owner, "memory", self._check_id(memory_id))
+        return self.store.evidence(owner, "fact", check_text("fact key", key, MAX_FACT_KEY_CHARS))
+
     # ---------------------------------------------------------------- erasure
+    def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:
+        """Erase a thread: its messages and its learning watermark. With cascade, also what was learned only from
+        it: memories and facts (with their history) whose every evidence message is in this thread. A record with
+        evidence in another thread, or none (written by the caller), stays."""
+        thread = check_text("thread", thread, MAX_TOPIC_CHARS)
+        return self.store.forget_thread(_check_owner(owner), thread, bool(cascade))
+
     def forget_user(self, owner: Owner) -> Erased:
         """Erase every trace of the owner: memories, vectors, index entries, facts and their history, messages."""
         return self.store.erase_user(_check_owner(owner))
@@ -567,11 +616,18 @@ class Shelf:
                                 "re-export)") from exc
         memories, blobs = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
         changes = missing_changes(batch.changes, self.store.fact_history(owner, None))
+        evidence = missing_changes(batch.evidence, self.store.evidence(owner, None, None))
+        marks = {t: m for t, m in batch.marks.items() if t not in self.store.learn_marks(owner)}
         with self.store.atomic():
             counts = {"memories": self.store.import_memories(owner, memories, blobs),
                       "facts": self.store.import_facts(owner, batch.facts, changes),
                       "messages": self.store.import_messages(owner, batch.messages)}
-        return counts
+            self.store.add_evidence(owner, evidence)
+            for thread, mark in marks.items():
+                self.store.set_learn_mark(owner, thread, mark, now)
+        # what learning keeps is counted only when the records carried some (older exports have none)
+        return {**counts, **({"evidence": len(evidence)} if batch.evidence else {}),
+                **({"learn_marks": len(marks)} if batch.marks else {})}
 
     def _settle_vectors(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]
                         ) -> tuple[list[Memory], list[bytes | None]]:

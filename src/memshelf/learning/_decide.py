@@ -4,20 +4,26 @@ The extractor proposes; this module decides, so the same rules hold for every ex
 only the messages it was given, name a declared source, and fit the limits of what it writes; a fact is not
 rewritten with the value it already has, and nothing replaces a record worth more than itself (a guess never
 retires what the user said). Every refusal is a "skip" whose reason says why.
+
+Learning a thread reads only its messages after the thread's watermark (stores.base.Mark). Applying a plan is one
+transaction: the memories and facts, their evidence (which messages each came from) and the moved watermark are
+written together or not at all, so a failure anywhere (the extractor, a write) loses nothing: the next call reads
+the same messages again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ExtractorError, InvalidInput, MemshelfError
-from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Message, NewMemory, Owner, check_text,
-                     check_topic)
-from .base import Known, Plan, Proposal, Turn, resolve_extractor
+from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
+                     Owner, check_text, check_topic)
+from ..stores.base import Evidence, Mark
+from .base import Extractor, Known, Plan, Proposal, Turn, resolve_extractor
 
 if TYPE_CHECKING:
     from ..shelf import Shelf
@@ -26,7 +32,7 @@ KNOWN_MEMORIES = 20
 """How many of the owner's memories related to the new turns an extractor is shown."""
 KNOWN_QUERY_CHARS = 2_000
 MAX_TURNS = 1_000
-"""At most this many messages are read from a thread in one call; the rest wait for the next call."""
+"""At most this many messages are read from a thread in one call; the rest wait for the next call (Plan.more)."""
 
 
 def turns_given(messages: object) -> list[Turn]:
@@ -44,7 +50,8 @@ def turns_of(messages: Sequence[Message]) -> list[Turn]:
 
 
 def known_for(shelf: Shelf, owner: Owner, turns: Sequence[Turn]) -> Known:
-    """The owner's current facts and the memories most related to what the user said in these turns."""
+    """The owner's current facts and the current memories most related to what the user said in these turns (one
+    search: hybrid with an embedder, keywords without)."""
     facts = {fact.key: fact.value for fact in shelf.facts(owner)}
     said = " ".join(turn.content for turn in turns if turn.role == "user")[:KNOWN_QUERY_CHARS].strip()
     memories: tuple[str, ...] = ()
@@ -53,24 +60,42 @@ def known_for(shelf: Shelf, owner: Owner, turns: Sequence[Turn]) -> Known:
     return Known(facts, memories)
 
 
-def propose(extractor: Any, turns: Sequence[Turn], known: Known) -> tuple[list[Proposal], float]:
-    """The extractor's proposals and how long it took (ms). Anything but a list of Proposals is its error."""
-    started = time.perf_counter()
-    found = extractor.propose(list(turns), known) if turns else []
-    took = (time.perf_counter() - started) * 1000
+def extractor_name(extractor: object) -> str:
+    return str(getattr(extractor, "name", None) or type(extractor).__name__)
+
+
+def propose(extractor: Extractor, turns: Sequence[Turn], known: Known) -> list[Proposal]:
+    """The extractor's proposals. Its failure is an ExtractorError naming it (memshelf's own errors pass as they
+    are), and anything but a list of Proposals is its error too."""
+    name = extractor_name(extractor)
+    try:
+        found = extractor.propose(list(turns), known) if turns else []
+    except MemshelfError:
+        raise
+    except Exception as exc:  # a third-party extractor's bug: reported as its error, never swallowed
+        raise ExtractorError(f"extractor {name!r} failed ({type(exc).__name__}: {exc}); nothing was written and "
+                             "the thread's watermark did not move: fix the extractor, then learn again") from exc
     if not isinstance(found, list) or not all(isinstance(p, Proposal) for p in found):
-        raise ExtractorError(f"extractor {getattr(extractor, 'name', extractor)!r} must return a list of Proposal; "
-                             f"got {type(found).__name__}: fix the extractor")
-    return found, took
+        raise ExtractorError(f"extractor {name!r} must return a list of Proposal; got {type(found).__name__}: "
+                             "fix the extractor")
+    return found
+
+
+def _with(proposal: Proposal, decision: str) -> Proposal:
+    """The proposal with the Shelf's decision added to the extractor's reason."""
+    return replace(proposal, reason=f"{proposal.reason}; {decision}" if proposal.reason else decision)
 
 
 class Decider:
-    """Checks proposals against the owner's records and the shelf's rules; says what applying each would do."""
+    """Checks proposals against the owner's records and the shelf's rules; says what applying each would do. It
+    follows the plan as it goes: a second value for one fact key is judged against the first, and a memory closed
+    by one proposal cannot be closed again by the next."""
 
     def __init__(self, shelf: Shelf, owner: Owner, turns: Sequence[Turn]) -> None:
         self.shelf, self.owner = shelf, owner
         self.said_at: dict[str, datetime | None] = {t.id: t.at for t in turns if t.id is not None}
         self.facts = {fact.key: fact for fact in shelf.facts(owner)}
+        self.closed: set[str] = set()
 
     def decide(self, proposal: Proposal) -> Proposal:
         try:
@@ -91,6 +116,8 @@ class Decider:
             return self._fact(proposal, worth)
         check_topic(proposal.topic)
         check_text("content", proposal.content)
+        # DATES: the one place relative dates get resolved. The coordinator wires learning.dates here:
+        #     if at is not None: proposal = replace(proposal, content=resolve_dates(proposal.content, at))
         if proposal.op == "supersede":
             return self._supersede(proposal, worth)
         return proposal
@@ -99,26 +126,30 @@ class Decider:
         key = check_text("fact key", proposal.key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", proposal.value, MAX_FACT_VALUE_CHARS)
         current = self.facts.get(key)
-        if current is None:
-            return proposal
-        if current.value == value:
+        if current is not None and current.value == value:
             return _skip(proposal, f"{key} is already {value!r}")
-        held = self.shelf.sources.get(current.source, 1.0)
-        if worth < held:
+        if current is not None and worth < (held := self.shelf.sources.get(current.source, 1.0)):
             return _skip(proposal, f"the current {key} ({current.value!r}) is {current.source}, worth {held}; a "
                                    f"{proposal.source} value (worth {worth}) cannot replace it")
-        return proposal
+        self.facts[key] = Fact(key, value, proposal.source, proposal.at or self.shelf.now())
+        if current is None:
+            return _with(proposal, f"new fact {key}")
+        return _with(proposal, f"{key} was {current.value!r} ({current.source})")
 
     def _supersede(self, proposal: Proposal, worth: float) -> Proposal:
         if not proposal.replaces:
             return _skip(proposal, "a supersede proposal must name the memory it replaces")
         old = self.shelf.store.get_memory(self.owner, proposal.replaces, self.shelf.now())
         if old is None:
-            return _skip(proposal, f"{proposal.replaces} is not a current memory of {self.owner}")
+            return _skip(proposal, f"{proposal.replaces} is not a memory of {self.owner}")
+        if old.superseded_at is not None or old.id in self.closed:
+            return _skip(proposal, f"{old.id} is already superseded" +
+                         (f" by {old.superseded_by}" if old.superseded_by else " in this plan"))
         if old.confidence > worth:
             return _skip(proposal, f"{old.id} is {old.source} (worth {old.confidence}); a {proposal.source} "
                                    f"proposal (worth {worth}) cannot retire it")
-        return proposal
+        self.closed.add(old.id)
+        return _with(proposal, f"closes {old.id} ({old.source}, worth {old.confidence}), which keeps its text")
 
 
 def _skip(proposal: Proposal, why: str) -> Proposal:
@@ -131,9 +162,25 @@ def _outranks(shelf: Shelf, source: str) -> Callable[[str], bool]:
     return lambda current: worth >= shelf.sources.get(current, 1.0)
 
 
-def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal]) -> list[Proposal]:
-    """Write what was decided, in one transaction: every proposal or none. Memories are embedded first, outside
-    the transaction, so the write lock is not held while a model runs."""
+@dataclass
+class Application:
+    """What applying a plan writes besides its records: the evidence rows, and where the watermark goes."""
+
+    thread: str | None
+    mark: Mark | None
+    evidence: list[Evidence] = field(default_factory=list)
+
+    def cite(self, kind: str, record: str, proposal: Proposal, said_at: dict[str, datetime | None]) -> None:
+        self.evidence += [Evidence(kind, record, ident, self.thread, said_at.get(ident)) for ident in proposal.evidence]
+
+    def cites(self, kind: str, record: str) -> bool:
+        return any(e.kind == kind and e.record == record for e in self.evidence)
+
+
+def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], said_at: dict[str, datetime | None],
+          plan: Application) -> list[Proposal]:
+    """Write what was decided, its evidence and the moved watermark, in one transaction: all or nothing. Memories
+    are embedded first, outside the transaction, so the write lock is not held while a model runs."""
     now = shelf.now()
     new = {index: NewMemory(p.topic or "", p.content or "", p.source, shelf.sources.confidence(p.source), None,
                             created_at=now)
@@ -145,36 +192,64 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal]) -> list[Propo
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
                                             replaces=_outranks(shelf, proposal.source))
+                plan.cite("fact", fact.key, proposal, said_at)
                 done.append(replace(proposal, record=fact.key))
             elif index in new:
                 memory = shelf.store.add_memories(owner, [new[index]], now)[0]
-                if proposal.op == "supersede":
-                    shelf.store.supersede_memory(owner, proposal.replaces or "", memory.id, now)
-                done.append(replace(proposal, record=memory.id))
+                done.append(_remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan, said_at))
             else:
                 done.append(proposal)
+        shelf.store.add_evidence(owner, plan.evidence)
+        if plan.thread is not None and plan.mark is not None:
+            shelf.store.set_learn_mark(owner, plan.thread, plan.mark, now)
     return done
+
+
+def _remembered(shelf: Shelf, owner: Owner, proposal: Proposal, memory: Memory, now: datetime, plan: Application,
+                said_at: dict[str, datetime | None]) -> Proposal:
+    """A memory written (or seen again): its evidence, and the memory it supersedes closed. A memory seen again
+    gets evidence only if it was learned before: one the caller wrote stays the caller's, and no forget_thread
+    cascade takes it."""
+    seen_again = memory.observations > 1
+    if not seen_again or plan.cites("memory", memory.id) or shelf.store.evidence(owner, "memory", memory.id):
+        plan.cite("memory", memory.id, proposal, said_at)
+    if seen_again:
+        proposal = _with(proposal, f"seen again: {memory.id} now has {memory.observations} observations")
+    if proposal.op != "supersede":
+        return proposal
+    if proposal.replaces == memory.id:
+        return replace(_with(proposal, "it is the memory it would replace, so nothing is closed"), op="remember")
+    if not shelf.store.supersede_memory(owner, proposal.replaces or "", memory.id, now):
+        return replace(_with(proposal, f"{proposal.replaces} was closed meanwhile"), op="remember")
+    return proposal
 
 
 def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extractor: object,
           dry_run: bool) -> Plan:
     chosen = resolve_extractor(extractor)
     started = time.perf_counter()
-    read: tuple[str, ...] = ()
+    mark: Mark | None = None
+    logged: list[Message] = []
     if messages is not None:
         turns = turns_given(messages)
     else:
         assert thread is not None
-        logged = shelf.messages(owner, thread, limit=MAX_TURNS)
-        turns, read = turns_of(logged), tuple(m.id for m in logged)
+        mark = shelf.store.learn_mark(owner, thread)
+        logged = shelf.store.messages_after(owner, thread, mark, MAX_TURNS + 1, shelf.now())
+        turns = turns_of(logged[:MAX_TURNS])
     known = known_for(shelf, owner, turns) if turns else Known()
-    proposals, _ = propose(chosen, turns, known)
+    proposals = propose(chosen, turns, known)
     decider = Decider(shelf, owner, turns)
     decided = [decider.decide(p) for p in proposals]
-    if not dry_run and any(p.op != "skip" for p in decided):
-        decided = apply(shelf, owner, decided)
-    return Plan(str(owner), thread, getattr(chosen, "name", type(chosen).__name__), dry_run, tuple(decided), read,
-                None, getattr(chosen, "usage", None), (time.perf_counter() - started) * 1000)
+    read = logged[:MAX_TURNS]
+    if not dry_run and (read or any(p.op != "skip" for p in decided)):
+        moved = Mark(read[-1].id, read[-1].created_at) if read else None
+        decided = apply(shelf, owner, decided, decider.said_at,
+                        Application(thread if messages is None else None, moved))
+        mark = moved or mark
+    return Plan(str(owner), thread, extractor_name(chosen), dry_run, tuple(decided), tuple(m.id for m in read),
+                None if mark is None else mark.message_id, getattr(chosen, "usage", None),
+                (time.perf_counter() - started) * 1000, more=len(logged) > MAX_TURNS)
 
 
 def check_learn_args(messages: object, thread: object) -> str | None:

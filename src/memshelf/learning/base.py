@@ -1,7 +1,7 @@
 """The extractor protocol, its records (Turn in, Proposal out) and the registry every extractor registers with.
 
 An extractor reads new conversation turns, plus what the owner already knows, and proposes what to remember; it
-writes nothing. The Shelf decides which proposals to apply (not in this release: see the README, "Learning").
+writes nothing. The Shelf decides which proposals to apply (learning/_decide.py; README, "Learning").
 Extractors are found like embedders: registered in code with `register_extractor`, or declared by a distribution
 in the `memshelf.extractors` entry point group (memshelf's own `rules` is declared that way).
 """
@@ -103,6 +103,7 @@ class Plan:
     messages: the ids of the logged messages read (empty for turns passed in directly).
     watermark: the id of the last message now learned in the thread (unchanged in a dry run or on failure).
     usage: what the extractor reported (model calls, tokens, its latency); latency_ms is the whole call's.
+    more: the thread has more unlearned messages than one call reads (MAX_TURNS): they wait for the next call.
     """
 
     owner: str
@@ -114,6 +115,7 @@ class Plan:
     watermark: str | None = None
     usage: Usage | None = None
     latency_ms: float = 0.0
+    more: bool = False
 
     @property
     def applied(self) -> tuple[Proposal, ...]:

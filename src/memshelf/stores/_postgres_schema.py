@@ -228,4 +228,34 @@ GRANT USAGE ON SEQUENCE memshelf_scrub_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
 CREATE INDEX messages_owner_created ON messages (tenant, user_id, created_at, pk);
 CREATE INDEX messages_thread_created ON messages (tenant, user_id, thread, created_at, pk);
 """),
+    # Learning from conversations, as on SQLite (m008_learning there): the watermark per (owner, thread), the
+    # evidence of learned records, and superseded memories kept closed instead of deleted. Both new tables get the
+    # wall every owner table has, and the scrub queue takes them.
+    ("m009_learning", f"""
+CREATE TABLE learn_marks (
+    tenant     text NOT NULL,
+    user_id    text NOT NULL,
+    thread     text NOT NULL,
+    message_id text NOT NULL,
+    said_at    timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (tenant, user_id, thread)
+);
+CREATE TABLE learned_from (
+    pk         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant     text NOT NULL,
+    user_id    text NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('memory', 'fact')),
+    record     text NOT NULL,
+    message_id text NOT NULL,
+    thread     text,
+    said_at    timestamptz
+);
+CREATE INDEX learned_from_record ON learned_from (tenant, user_id, kind, record);
+CREATE INDEX learned_from_thread ON learned_from (tenant, user_id, thread);
+GRANT USAGE ON SEQUENCE learned_from_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
+ALTER TABLE memories ADD COLUMN superseded_at timestamptz, ADD COLUMN superseded_by text;
+{tenant_wall(["learn_marks", "learned_from"])}
+{scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks"])}
+"""),
 ]

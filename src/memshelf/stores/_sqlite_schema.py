@@ -188,4 +188,40 @@ SELECT 1;
 CREATE INDEX messages_owner_created ON messages (tenant, user_id, created_at);
 CREATE INDEX messages_thread_created ON messages (tenant, user_id, thread, created_at);
 """),
+    ("m008_learning", """
+-- Learning from conversations (learning/_decide.py). learn_marks: the watermark per (owner, thread), the last
+-- message learned; learned_from: the messages each learned memory (its id) or fact (its key) came from, which
+-- forget_thread(cascade=True) follows. A superseded memory keeps its row and text, closed at superseded_at by the
+-- memory superseded_by; searches skip it unless asked for the past (View). Closing one changes what vector search
+-- may return, so it moves the owner's generation like any other such change.
+CREATE TABLE learn_marks (
+    tenant     TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    thread     TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    said_at    TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, user_id, thread)
+);
+CREATE TABLE learned_from (
+    pk         INTEGER PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    kind       TEXT NOT NULL CHECK (kind IN ('memory', 'fact')),
+    record     TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    thread     TEXT,
+    said_at    TEXT
+);
+CREATE INDEX learned_from_record ON learned_from (tenant, user_id, kind, record);
+CREATE INDEX learned_from_thread ON learned_from (tenant, user_id, thread);
+ALTER TABLE memories ADD COLUMN superseded_at TEXT;
+ALTER TABLE memories ADD COLUMN superseded_by TEXT;
+CREATE TRIGGER memories_gen_supersede AFTER UPDATE OF superseded_at ON memories
+WHEN old.superseded_at IS NOT new.superseded_at
+BEGIN
+    UPDATE owner_generation SET generation = generation + 1
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+END;
+"""),
 ]

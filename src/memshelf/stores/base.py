@@ -94,6 +94,38 @@ class Erased:
 
 
 @dataclass(frozen=True, slots=True)
+class View:
+    """Which memories a read sees. The default: the current ones (not superseded). as_of: those current at that
+    instant (created by then and not yet superseded then). include_superseded: superseded ones too (with as_of:
+    every one created by then). Expiry is always judged at the time of the read: an expired memory is gone."""
+
+    as_of: datetime | None = None
+    include_superseded: bool = False
+
+
+CURRENT = View()
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Where learning stopped in a thread (the watermark): the last learned message's id and when it was said."""
+
+    message_id: str
+    said_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One message a learned record came from: kind "memory" (record: its id) or "fact" (record: its key)."""
+
+    kind: str
+    record: str
+    message_id: str
+    thread: str | None
+    said_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     """An API key's public half: the secret itself is shown once and only its hash is kept."""
 
@@ -134,13 +166,15 @@ class MemoryStore(ABC):
     @abstractmethod
     def delete_memory(self, owner: Owner, memory_id: str) -> bool: ...
 
+    @abstractmethod
     def supersede_memory(self, owner: Owner, old_id: str, new_id: str, now: datetime) -> bool:
-        """Close the owner's memory old_id as replaced by new_id at `now`, keeping its text. (Not yet written.)"""
-        raise NotImplementedError("superseding memories is not written yet")
+        """Close the owner's current memory old_id as replaced by new_id at `now`, keeping its text; False when the
+        owner has no such memory or it is already closed."""
 
     @abstractmethod
     def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
-        """Live memories newest first (created_at, then row key), starting after `after` (None: the newest).
+        """Live current (not superseded) memories newest first (created_at, then row key), starting after `after`
+        (None: the newest).
 
         If the record `after` names is gone, the page starts after its instant's newer rows only: records created
         in that same instant may be listed again, never skipped."""
@@ -151,16 +185,17 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
-                       by_confidence: bool) -> list[Scored]:
-        """Full-text search over topic and content, terms OR-ed with prefix matching.
+                       by_confidence: bool, view: View = CURRENT) -> list[Scored]:
+        """Full-text search over topic and content, terms OR-ed with prefix matching, among the memories `view` sees.
 
         Ordered by confidence, then relevance, then newest when by_confidence; else relevance, then newest.
         """
 
     @abstractmethod
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
-                      now: datetime) -> list[Scored]:
-        """Cosine against the owner's vectors stamped with `model`, at least `floor`, best first."""
+                      now: datetime, view: View = CURRENT) -> list[Scored]:
+        """Cosine against the owner's vectors stamped with `model`, at least `floor`, best first, among the
+        memories `view` sees."""
 
     @abstractmethod
     def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
@@ -219,6 +254,35 @@ class RecordStore(ABC):
 
     @abstractmethod
     def import_messages(self, owner: Owner, messages: Sequence[Message]) -> int: ...
+
+    # learning: the watermark per (owner, thread), and the evidence of learned records
+    @abstractmethod
+    def learn_mark(self, owner: Owner, thread: str) -> Mark | None:
+        """Where learning stopped in the thread (None: nothing learned from it yet)."""
+
+    @abstractmethod
+    def learn_marks(self, owner: Owner) -> dict[str, Mark]:
+        """Every thread's watermark, by thread."""
+
+    @abstractmethod
+    def set_learn_mark(self, owner: Owner, thread: str, mark: Mark, now: datetime) -> None: ...
+
+    @abstractmethod
+    def messages_after(self, owner: Owner, thread: str, mark: Mark | None, limit: int,
+                       now: datetime) -> list[Message]:
+        """The thread's live messages after `mark` (every one when None), oldest first, at most `limit`."""
+
+    @abstractmethod
+    def add_evidence(self, owner: Owner, rows: Sequence[Evidence]) -> None: ...
+
+    @abstractmethod
+    def evidence(self, owner: Owner, kind: str | None, record: str | None) -> list[Evidence]:
+        """The evidence of one record (kind and record), or all of the owner's (both None), oldest first."""
+
+    @abstractmethod
+    def forget_thread(self, owner: Owner, thread: str, cascade: bool) -> Erased:
+        """Erase the thread's messages, watermark and evidence; with cascade, also the memories and facts (with
+        their history) whose every evidence row points into the thread."""
 
     # API keys of the HTTP server (only their hashes are stored)
     @abstractmethod

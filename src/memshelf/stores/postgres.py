@@ -84,8 +84,9 @@ from psycopg_pool import ConnectionPool
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_id
 from ..model import Memory, NewMemory, Owner
-from .base import CONTEXT_TURNS, Pending, Position, Scored, digest, observe_again
-from .sql_records import MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns, memory_from_row
+from .base import CONTEXT_TURNS, CURRENT, Pending, Position, Scored, View, digest, observe_again
+from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
+                          memory_from_row, view_condition)
 from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
@@ -233,8 +234,14 @@ def _fits_exact_index(owner: Owner) -> bool:
     return len(owner.tenant.encode()) + len(owner.user.encode()) <= EXACT_INDEX_MAX_OWNER_BYTES
 
 
-def exact_query(owner: Owner, model: str, dimensions: int) -> sql.Composed:
-    """The exact path's query; parameters: query vector, tenant, user, now, limit, tenant, floor.
+def _seen(view: View) -> tuple[sql.SQL, tuple]:
+    """A view's condition (starting with AND) as psycopg SQL, and its parameters."""
+    condition, params = view_condition(view, _utc)
+    return sql.SQL(condition.replace("?", "%s")), params
+
+
+def exact_query(owner: Owner, model: str, dimensions: int, view: View = CURRENT) -> sql.Composed:
+    """The exact path's query; parameters: query vector, tenant, user, now, the view's, limit, tenant, floor.
 
     Ordering by the score (not by the distance operator) keeps the planner off the HNSW index. The scan reads
     only what the covering index holds (pk, confidence, expiry, vector), stored in owner order, so it never visits
@@ -245,12 +252,12 @@ def exact_query(owner: Owner, model: str, dimensions: int) -> sql.Composed:
         vector = sql.SQL("{} AND {}").format(vector, _short_owner())
     return sql.SQL(
         "WITH top AS MATERIALIZED (SELECT m.pk, m.confidence, 1 - ({cast} <=> %s::vector({dims})) AS score"
-        " FROM memories m WHERE {owner} AND {live} AND {vector}"
+        " FROM memories m WHERE {owner} AND {live}{seen} AND {vector}"
         " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
         " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
         " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
         columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
-        owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=vector)
+        owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), seen=_seen(view)[0], vector=vector)
 
 
 def _cast(dimensions: int, alias: str = "m.") -> sql.Composed:
@@ -592,17 +599,20 @@ class PostgresStore(SQLRecords):
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS memshelf_import (ord integer, id text, topic text,"
                         " content text, digest text, source text, confidence double precision,"
                         " created_at timestamptz, last_seen timestamptz, observations integer,"
-                        " expires_at timestamptz, embedding vector, embed_model text) ON COMMIT DELETE ROWS")
+                        " expires_at timestamptz, embedding vector, embed_model text, superseded_at timestamptz,"
+                        " superseded_by text) ON COMMIT DELETE ROWS")
             cur.execute("DELETE FROM memshelf_import")  # emptied at commit; this is for a second call inside one
             with cur.copy("COPY memshelf_import FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["integer", "text", "text", "text", "text", "text", "double precision",
-                                "timestamptz", "timestamptz", "integer", "timestamptz", "vector", "text"])
+                                "timestamptz", "timestamptz", "integer", "timestamptz", "vector", "text",
+                                "timestamptz", "text"])
                 for n, (memory, vector) in enumerate(zip(items, vectors)):
                     copy.write_row((n, memory.id, memory.topic, memory.content, digest(memory.topic, memory.content),
                                     memory.source, memory.confidence, memory.created_at,
                                     memory.last_seen or memory.created_at, memory.observations, memory.expires_at,
                                     None if vector is None else Blob(vector),
-                                    memory.embed_model if vector is not None else None))
+                                    memory.embed_model if vector is not None else None, memory.superseded_at,
+                                    memory.superseded_by))
             # Each row's context: the previous CONTEXT_TURNS rows of its topic, counting the owner's newest stored
             # ones and then the batch in order (a row the INSERT skips as already stored still counts).
             lags = ", ".join(f"lag(content, {n}) OVER w" for n in range(CONTEXT_TURNS, 0, -1))
@@ -615,9 +625,11 @@ class PostgresStore(SQLRecords):
                 f" context AS (SELECT ord, nullif(concat_ws(' ', {lags}), '') AS words FROM turns"
                 "   WINDOW w AS (PARTITION BY topic ORDER BY part, seq))"
                 " INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
-                " last_seen, observations, expires_at, embedding, embed_model, context_search)"
+                " last_seen, observations, expires_at, embedding, embed_model, context_search, superseded_at,"
+                " superseded_by)"
                 " SELECT i.id, %s, %s, i.topic, i.content, i.digest, i.source, i.confidence, i.created_at,"
-                " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words)"
+                " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words),"
+                " i.superseded_at, i.superseded_by"
                 " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
                 " ON CONFLICT DO NOTHING", (owner.tenant, owner.user, owner.tenant, owner.user))
             return cur.rowcount
@@ -634,8 +646,15 @@ class PostgresStore(SQLRecords):
                                " RETURNING tenant, user_id, topic, pk",
                                (owner.tenant, owner.user, memory_id)).fetchall()
             self._recontext(cur, gone)
-            self._queue_scrub(cur, {"memories": len(gone)})
+            evidence = self._drop_evidence(cur, owner, "memory", [memory_id] if gone else [])
+            self._queue_scrub(cur, {"memories": len(gone), "learned_from": evidence})
             return bool(gone)
+
+    def supersede_memory(self, owner: Owner, old_id: str, new_id: str, now: datetime) -> bool:
+        with self._tenant(owner.tenant) as cur:
+            return bool(cur.execute("UPDATE memories SET superseded_at = %s, superseded_by = %s WHERE tenant = %s"
+                                    " AND user_id = %s AND id = %s AND superseded_at IS NULL",
+                                    (now, new_id, owner.tenant, owner.user, old_id)).rowcount)
 
     @staticmethod
     def _recontext(cur: psycopg.Cursor, gone: Sequence[Sequence]) -> None:
@@ -656,7 +675,7 @@ class PostgresStore(SQLRecords):
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
                 f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
-                " ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
+                " AND m.superseded_at IS NULL ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
                 (owner.tenant, owner.user, *anchor, now, limit)).fetchall()
         return [_memory(r) for r in rows]
 
@@ -670,13 +689,13 @@ class PostgresStore(SQLRecords):
                     + ("" if now is None else f" AND {_LIVE}") + " ORDER BY m.pk LIMIT %s",
                     (owner.tenant, owner.user, after, *(() if now is None else (now,)), PAGE)).fetchall()
             for row in rows:
-                yield _memory(row), row[10]
+                yield _memory(row), row[MEMORY_WIDTH]
             if len(rows) < PAGE:
                 return
-            after = rows[-1][11]
+            after = rows[-1][MEMORY_WIDTH + 1]
 
     def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
-                       by_confidence: bool) -> list[Scored]:
+                       by_confidence: bool, view: View = CURRENT) -> list[Scored]:
         if not terms:
             return []
         # The hybrid's candidates (not by_confidence) are ranked with their conversation context too, as on
@@ -686,17 +705,18 @@ class PostgresStore(SQLRecords):
                        ("rank DESC, m.created_at DESC, m.pk DESC",
                         f"ts_rank('{{0, 0, {CONTEXT_WEIGHT}, 1}}', setweight(m.search, 'A')"
                         " || setweight(coalesce(m.context_search, ''::tsvector), 'B'), q)"))
+        seen, at = view_condition(view, _utc)
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
                 f"SELECT {MEMORY_COLUMNS}, {rank} AS rank"
                 " FROM memories m, to_tsquery('memshelf_text', %s) AS q"
-                f" WHERE m.search @@ q AND {_OWNER} AND {_LIVE} ORDER BY {order} LIMIT %s",
-                (tsquery_text(terms), owner.tenant, owner.user, now, limit)).fetchall()
-        return [Scored(_memory(r), float(r[10])) for r in rows]
+                f" WHERE m.search @@ q AND {_OWNER} AND {_LIVE}{self._sql(seen)} ORDER BY {order} LIMIT %s",
+                (tsquery_text(terms), owner.tenant, owner.user, now, *at, limit)).fetchall()
+        return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
 
     # ------------------------------------------------------------ vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
-                      now: datetime) -> list[Scored]:
+                      now: datetime, view: View = CURRENT) -> list[Scored]:
         query = np.asarray(query, dtype=np.float32)
         dimensions = int(query.shape[0])
         with self._tenant(owner.tenant) as cur:
@@ -712,10 +732,10 @@ class PostgresStore(SQLRecords):
             blob = Blob(query.astype("<f4").tobytes())
             indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
             if rows > self.exact_max_rows and indexed:
-                found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now)
+                found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now, view)
                 if found is not None:
                     return found
-            return self._exact(cur, owner, model, blob, dimensions, limit, floor, now)
+            return self._exact(cur, owner, model, blob, dimensions, limit, floor, now, view)
 
     def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str) -> tuple[int | None, int]:
         """The dimensions of the owner's vectors of `model` (None when it has none) and how many rows it has,
@@ -729,13 +749,14 @@ class PostgresStore(SQLRecords):
         return (None, 0) if row is None else (row[0], row[1])
 
     def _exact(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
-               floor: float, now: datetime) -> list[Scored]:
-        rows = cur.execute(exact_query(owner, model, dimensions),
-                           (blob, owner.tenant, owner.user, now, limit, owner.tenant, floor)).fetchall()
-        return [Scored(_memory(r), float(r[11])) for r in rows]
+               floor: float, now: datetime, view: View) -> list[Scored]:
+        rows = cur.execute(exact_query(owner, model, dimensions, view),
+                           (blob, owner.tenant, owner.user, now, *_seen(view)[1], limit, owner.tenant,
+                            floor)).fetchall()
+        return [Scored(_memory(r), float(r[MEMORY_WIDTH + 1])) for r in rows]
 
     def _approximate(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int,
-                     limit: int, floor: float, now: datetime) -> list[Scored] | None:
+                     limit: int, floor: float, now: datetime, view: View) -> list[Scored] | None:
         """HNSW top-`limit` within the owner, with iterative scans so the owner filter cannot starve it.
         None when the index came back short (the caller then searches exactly)."""
         cur.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
@@ -743,15 +764,17 @@ class PostgresStore(SQLRecords):
                     (str(max(EF_SEARCH, limit * OVERSAMPLE)), str(MAX_SCAN_TUPLES)))
         query = sql.SQL(
             "WITH c AS MATERIALIZED (SELECT {columns}, m.pk, {cast} <=> %s::vector({dims}) AS distance"
-            " FROM memories m WHERE {owner} AND {live} AND {vector} ORDER BY distance LIMIT %s)"
+            " FROM memories m WHERE {owner} AND {live}{seen} AND {vector} ORDER BY distance LIMIT %s)"
             " SELECT *, 1 - distance AS score FROM c ORDER BY distance, confidence DESC, pk DESC").format(
             columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
-            owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=_vector_predicate(model, dimensions))
+            owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), seen=_seen(view)[0],
+            vector=_vector_predicate(model, dimensions))
         wanted = max(limit * OVERSAMPLE, MIN_CANDIDATES)
-        rows = cur.execute(query, (blob, owner.tenant, owner.user, now, wanted)).fetchall()
+        rows = cur.execute(query, (blob, owner.tenant, owner.user, now, *_seen(view)[1], wanted)).fetchall()
         if len(rows) < wanted:
             return None  # the scan stopped early (max_scan_tuples) or the owner has fewer live rows
-        return [Scored(_memory(r), float(r[12])) for r in rows[:limit] if float(r[12]) >= floor]
+        score = MEMORY_WIDTH + 2
+        return [Scored(_memory(r), float(r[score])) for r in rows[:limit] if float(r[score]) >= floor]
 
     def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
         with self._admin() as cur:
@@ -790,6 +813,12 @@ class PostgresStore(SQLRecords):
         gone = db.execute("DELETE FROM memories WHERE expires_at IS NOT NULL AND expires_at <= %s"
                           " RETURNING tenant, user_id, topic, pk", (now,)).fetchall()
         self._recontext(db, gone)  # type: ignore[arg-type]  # the admin scope's psycopg cursor
+        return len(gone), set()
+
+    def _delete_memories(self, db: Statements, owner: Owner, ids: Sequence[str]) -> tuple[int, set[str]]:
+        gone = db.execute("DELETE FROM memories WHERE tenant = %s AND user_id = %s AND id = ANY(%s)"
+                          " RETURNING tenant, user_id, topic, pk", (owner.tenant, owner.user, list(ids))).fetchall()
+        self._recontext(db, gone)  # type: ignore[arg-type]  # the owner scope's psycopg cursor
         return len(gone), set()
 
     def _erasing(self, db: Statements, counts: dict[str, int]) -> None:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Protocol
 from collections.abc import Callable, Sequence
 
 from ..model import Fact, FactChange, Memory, Message, Owner
-from .base import CONTEXT_TURNS, ApiKey, Erased, Position, Store
+from .base import CONTEXT_TURNS, ApiKey, Erased, Evidence, Mark, Position, Store, View
 from .tables import OWNER_TABLES, expiring_record_tables, owner_listing_sql, record_tables, stats_sql
 
 
@@ -53,15 +53,29 @@ class Statements(Protocol):
 
 
 MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
-                  "m.last_seen, m.observations, m.embed_model")
+                  "m.last_seen, m.observations, m.embed_model, m.superseded_at, m.superseded_by")
 """The columns a Memory is read from (table alias m), in memory_from_row's order."""
+MEMORY_WIDTH = 12
+"""How many columns MEMORY_COLUMNS selects: a query's extra columns come after them."""
 
 
 def memory_from_row(row: Sequence, time_out: Callable[[Any], datetime | None]) -> Memory:
-    """A Memory from the first ten columns of a row selected with MEMORY_COLUMNS."""
+    """A Memory from the first MEMORY_WIDTH columns of a row selected with MEMORY_COLUMNS."""
     return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
                   created_at=time_out(row[5]), expires_at=time_out(row[6]),  # type: ignore[arg-type]
-                  last_seen=time_out(row[7]), observations=row[8], embed_model=row[9])
+                  last_seen=time_out(row[7]), observations=row[8], embed_model=row[9],
+                  superseded_at=time_out(row[10]), superseded_by=row[11])
+
+
+def view_condition(view: View, time_in: Callable[[datetime | None], Any]) -> tuple[str, tuple]:
+    """The SQL condition (on alias m, written with `?`, starting with AND) and parameters of the memories a view
+    sees: current ones; those current at as_of; with include_superseded, closed ones too."""
+    if view.as_of is None:
+        return ("", ()) if view.include_superseded else (" AND m.superseded_at IS NULL", ())
+    at = time_in(view.as_of)
+    if view.include_superseded:
+        return " AND m.created_at <= ?", (at,)
+    return " AND m.created_at <= ? AND (m.superseded_at IS NULL OR m.superseded_at > ?)", (at, at)
 
 
 def earlier_turns(tenant: str, user: str, topic: str, before: str | None, alias: str = "p") -> str:
@@ -134,6 +148,10 @@ class SQLRecords(Store):
     def _purge_memories(self, db: Statements, now: datetime) -> tuple[int, set[str]]:
         """Delete the memories expired at `now`, as _remove_memories, keeping later memories' context right."""
 
+    @abstractmethod
+    def _delete_memories(self, db: Statements, owner: Owner, ids: Sequence[str]) -> tuple[int, set[str]]:
+        """Delete some of the owner's memories by id, as _purge_memories does (context kept right)."""
+
     def _erasing(self, db: Statements, counts: dict[str, int]) -> None:
         """Inside the erasing transaction, with rows removed by table name."""
 
@@ -196,6 +214,7 @@ class SQLRecords(Store):
         with self._owner_scope(owner.tenant) as db:
             counts = {table: db.execute(f"DELETE FROM {table} {where}", (owner.tenant, owner.user, key)).rowcount
                       for table in ("facts", "fact_history")}
+            counts["learned_from"] = self._drop_evidence(db, owner, "fact", [key])
             self._erasing(db, counts)
         if any(counts.values()):
             self._erased(counts, set(), whole_owner=False)  # the key and its values leave the files too
@@ -247,6 +266,103 @@ class SQLRecords(Store):
                 added += db.execute(self._sql(_MESSAGE_INSERT + " ON CONFLICT DO NOTHING"),
                                     self._message_values(owner, m)).rowcount
         return added
+
+    # ------------------------------------------------------------ learning: watermarks and evidence
+    def learn_mark(self, owner: Owner, thread: str) -> Mark | None:
+        with self._owner_scope(owner.tenant, write=False) as db:
+            row = db.execute(self._sql(f"SELECT message_id, said_at FROM learn_marks WHERE {_USER} AND thread = ?"),
+                             (owner.tenant, owner.user, thread)).fetchone()
+        return None if row is None else Mark(row[0], self._time_out(row[1]))
+
+    def learn_marks(self, owner: Owner) -> dict[str, Mark]:
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(self._sql(f"SELECT thread, message_id, said_at FROM learn_marks WHERE {_USER}"),
+                              (owner.tenant, owner.user)).fetchall()
+        return {r[0]: Mark(r[1], self._time_out(r[2])) for r in rows}
+
+    def set_learn_mark(self, owner: Owner, thread: str, mark: Mark, now: datetime) -> None:
+        with self._owner_scope(owner.tenant) as db:
+            db.execute(self._sql("INSERT INTO learn_marks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id,"
+                                 " thread) DO UPDATE SET message_id = excluded.message_id, said_at = excluded.said_at,"
+                                 " updated_at = excluded.updated_at"),
+                       (owner.tenant, owner.user, thread, mark.message_id, self._time_in(mark.said_at),
+                        self._time_in(now)))
+
+    def messages_after(self, owner: Owner, thread: str, mark: Mark | None, limit: int,
+                       now: datetime) -> list[Message]:
+        """Ordered as pages are, oldest first: (created_at, row key). Messages said in the mark's own instant come
+        after it by row key; if the marked message is gone, all of that instant's are read again (never skipped)."""
+        query = (f"SELECT id, thread, role, content, created_at, expires_at FROM messages m WHERE {_USER}"
+                 " AND thread = ? AND (expires_at IS NULL OR expires_at > ?)")
+        params: tuple = (owner.tenant, owner.user, thread, self._time_in(now))
+        if mark is not None:
+            stamp = self._time_in(mark.said_at)
+            query += (" AND (m.created_at > ? OR (m.created_at = ? AND m.pk > coalesce((SELECT a.pk FROM messages a"
+                      " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 0)))")
+            params += (stamp, stamp, owner.tenant, owner.user, mark.message_id)
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(self._sql(query + " ORDER BY created_at, pk LIMIT ?"),
+                              params + (min(limit, 2**62),)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], self._time_out(r[4]), self._time_out(r[5])) for r in rows]
+
+    def add_evidence(self, owner: Owner, rows: Sequence[Evidence]) -> None:
+        with self._owner_scope(owner.tenant) as db:
+            for e in rows:
+                db.execute(self._sql("INSERT INTO learned_from (tenant, user_id, kind, record, message_id, thread,"
+                                     " said_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+                           (owner.tenant, owner.user, e.kind, e.record, e.message_id, e.thread,
+                            self._time_in(e.said_at)))
+
+    def evidence(self, owner: Owner, kind: str | None, record: str | None) -> list[Evidence]:
+        query = f"SELECT kind, record, message_id, thread, said_at FROM learned_from WHERE {_USER}"
+        params: tuple = (owner.tenant, owner.user)
+        if kind is not None:
+            query += " AND kind = ? AND record = ?"
+            params += (kind, record)
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(self._sql(query + " ORDER BY pk"), params).fetchall()
+        return [Evidence(r[0], r[1], r[2], r[3], self._time_out(r[4])) for r in rows]
+
+    def _drop_evidence(self, db: Statements, owner: Owner, kind: str, records: Sequence[str]) -> int:
+        """Delete the evidence of records that are gone; returns how many rows."""
+        gone = 0
+        for record in records:
+            gone += db.execute(self._sql(f"DELETE FROM learned_from WHERE {_USER} AND kind = ? AND record = ?"),
+                               (owner.tenant, owner.user, kind, record)).rowcount
+        return gone
+
+    def _learned_only_from(self, db: Statements, owner: Owner, thread: str, kind: str) -> list[str]:
+        """The records of a kind whose every evidence row points into the thread."""
+        rows = db.execute(self._sql(
+            f"SELECT DISTINCT record FROM learned_from WHERE {_USER} AND kind = ? AND thread = ? AND record NOT IN"
+            f" (SELECT o.record FROM learned_from o WHERE o.tenant = ? AND o.user_id = ? AND o.kind = ?"
+            " AND (o.thread IS NULL OR o.thread <> ?)) ORDER BY record"),
+            (owner.tenant, owner.user, kind, thread, owner.tenant, owner.user, kind, thread)).fetchall()
+        return [r[0] for r in rows]
+
+    def forget_thread(self, owner: Owner, thread: str, cascade: bool) -> Erased:
+        """One transaction: what was learned only from the thread (with cascade), then the thread's evidence,
+        watermark and messages."""
+        user_thread = self._sql(f"WHERE {_USER} AND thread = ?")
+        params = (owner.tenant, owner.user, thread)
+        counts: dict[str, int] = {}
+        touched: set[str] = set()
+        with self._owner_scope(owner.tenant) as db:
+            if cascade:
+                memories = self._learned_only_from(db, owner, thread, "memory")
+                facts = self._learned_only_from(db, owner, thread, "fact")
+                counts["memories"], touched = self._delete_memories(db, owner, memories) if memories else (0, set())
+                for table in ("facts", "fact_history"):
+                    counts[table] = sum(db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND key = ?"),
+                                                   (owner.tenant, owner.user, key)).rowcount for key in facts)
+                counts["learned_from"] = (self._drop_evidence(db, owner, "memory", memories)
+                                          + self._drop_evidence(db, owner, "fact", facts))
+            for table in ("learned_from", "learn_marks", "messages"):
+                counts[table] = counts.get(table, 0) + db.execute(f"DELETE FROM {table} {user_thread}",
+                                                                  params).rowcount
+            self._erasing(db, counts)
+        pending = self._erased(counts, touched, whole_owner=False) if any(counts.values()) else self.scrub_pending
+        return erased_from(counts, scrub_pending=pending)
 
     # ------------------------------------------------------------ API keys (admin: a key names its tenant)
     def _key(self, row: Sequence) -> ApiKey:

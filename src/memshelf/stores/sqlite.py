@@ -19,9 +19,9 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import Pending, Position, Scored, digest, observe_again
-from .sql_records import (MEMORY_COLUMNS, SQLRecords, Statements, earlier_turns, later_turns,
-                          memory_from_row)
+from .base import CURRENT, Pending, Position, Scored, View, digest, observe_again
+from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
+                          memory_from_row, view_condition)
 from ._sqlite_fts import TenantIndexes
 from ._sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
 
@@ -389,12 +389,14 @@ class SQLiteStore(SQLRecords):
                 context, tag = self._context(owner, memory.topic, None), owner_tag(owner)
                 cur = self._q(
                     "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context,"
+                    " superseded_at, superseded_by)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
                      digest(memory.topic, memory.content), tag, memory.source, memory.confidence,
                      ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
-                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None, context))
+                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None, context,
+                     ts(memory.superseded_at), memory.superseded_by))
                 if cur.rowcount:
                     self._fts.add(owner.tenant, cur.lastrowid or 0, memory.topic, memory.content, tag, context)
                 added += cur.rowcount
@@ -410,14 +412,22 @@ class SQLiteStore(SQLRecords):
         with self.atomic():
             deleted, touched = self._forget_rows("tenant = ? AND user_id = ? AND id = ?",
                                                  (owner.tenant, owner.user, memory_id), recontext=True)
+            self._drop_evidence(self._statements, owner, "memory", [memory_id] if deleted else [])
         if deleted:
             self._scrub(touched)
         return deleted > 0
 
+    def supersede_memory(self, owner: Owner, old_id: str, new_id: str, now: datetime) -> bool:
+        with self.atomic():
+            return self._q("UPDATE memories SET superseded_at = ?, superseded_by = ? WHERE tenant = ? AND user_id = ?"
+                           " AND id = ? AND superseded_at IS NULL",
+                           (ts(now), new_id, owner.tenant, owner.user, old_id)).rowcount > 0
+
     def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
         bound, params = self._page_bound("memories", owner, after)
         rows = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
-                       " AND (m.expires_at IS NULL OR m.expires_at > ?) ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
+                       " AND m.superseded_at IS NULL AND (m.expires_at IS NULL OR m.expires_at > ?)"
+                       " ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
                        (owner.tenant, owner.user, *params, ts(now), limit)).fetchall()
         return [_memory(r) for r in rows]
 
@@ -427,10 +437,10 @@ class SQLiteStore(SQLRecords):
                + " ORDER BY m.pk")
         params = (owner.tenant, owner.user) + (() if now is None else (ts(now),))
         for row in self._q(sql, params).fetchall():
-            yield _memory(row), row[10]
+            yield _memory(row), row[MEMORY_WIDTH]
 
     def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
-                       by_confidence: bool) -> list[Scored]:
+                       by_confidence: bool, view: View = CURRENT) -> list[Scored]:
         """Keyword search ranks a row by its own words (the tenant's fts_ table); the hybrid's candidates (not
         by_confidence) are ranked with their conversation context too (ctx_ table), which finds the turn that answers a
         question asked in the words of the turns around it."""
@@ -445,15 +455,16 @@ class SQLiteStore(SQLRecords):
             "rank, m.created_at DESC, m.pk DESC"
         narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
         query = fts_query(terms, owner if narrow else None, with_context=not by_confidence)
+        seen, at = view_condition(view, ts)
         rows = self._q(
             f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
             f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
             f" WHERE {table} MATCH ? AND m.tenant = ? AND m.user_id = ?"
-            " AND (m.expires_at IS NULL OR m.expires_at > ?)"
+            f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
             f" ORDER BY {order} LIMIT ?",
-            (query, owner.tenant, owner.user, ts(now), limit)).fetchall()
+            (query, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
         # bm25() is lower-is-better; report higher-is-better.
-        return [Scored(_memory(r), -float(r[10])) for r in rows]
+        return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
     def _owner_share(self, owner: Owner) -> float:
         """What fraction of the tenant's memories (its full-text tables) belong to the owner."""
@@ -465,8 +476,10 @@ class SQLiteStore(SQLRecords):
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
-                      now: datetime) -> list[Scored]:
-        matrix = self._owner_vectors(owner, model)
+                      now: datetime, view: View = CURRENT) -> list[Scored]:
+        """The current memories' vectors come from the owner's cached matrix; a look at the past (as_of,
+        include_superseded) is rare, and reads the vectors its view sees from the file."""
+        matrix = self._owner_vectors(owner, model) if view == CURRENT else self._view_vectors(owner, model, view)
         if matrix.size == 0:
             return []
         if query.shape[0] != matrix.dimensions:
@@ -479,10 +492,11 @@ class SQLiteStore(SQLRecords):
             return []
         keys = [int(matrix.keys[i]) for i, _ in picks]
         marks = ",".join("?" * len(keys))
-        rows = {r[10]: r for r in self._q(
+        seen, at = view_condition(view, ts)
+        rows = {r[MEMORY_WIDTH]: r for r in self._q(
             f"SELECT {MEMORY_COLUMNS}, m.pk FROM memories m WHERE m.pk IN ({marks})"
-            " AND +m.tenant = ? AND +m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)",
-            (*keys, owner.tenant, owner.user, ts(now))).fetchall()}  # unary +: look rows up by pk, not owner index
+            f" AND +m.tenant = ? AND +m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?){seen}",
+            (*keys, owner.tenant, owner.user, ts(now), *at)).fetchall()}  # unary +: look rows up by pk, not owner index
         return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
 
     def _owner_vectors(self, owner: Owner, model: str) -> VectorMatrix:
@@ -515,10 +529,23 @@ class SQLiteStore(SQLRecords):
                         matrix.nbytes / 1e6, self._vectors.max_bytes / 1e6, CACHE_ENV)
 
     def _vector_rows(self, owner: Owner, model: str, after: int) -> list[Sequence]:
+        """(pk, vector, confidence, until) of the owner's rows: a superseded row counts as expired from the instant
+        it was closed, so the cached matrix serves current memories only (closing one rebuilds it)."""
         return self._q(
-            "SELECT pk, embedding, confidence, expires_at FROM memories INDEXED BY memories_owner_model"
+            "SELECT pk, embedding, confidence, CASE WHEN superseded_at IS NULL THEN expires_at"
+            " WHEN expires_at IS NULL OR superseded_at < expires_at THEN superseded_at ELSE expires_at END"
+            " FROM memories INDEXED BY memories_owner_model"
             " WHERE tenant = ? AND user_id = ? AND embed_model = ? AND pk > ? AND embedding IS NOT NULL ORDER BY pk",
             (owner.tenant, owner.user, model, after)).fetchall()
+
+    def _view_vectors(self, owner: Owner, model: str, view: View) -> VectorMatrix:
+        """The owner's vectors of `model` that a view of the past sees, read now, not cached."""
+        seen, at = view_condition(view, ts)
+        rows = self._q(
+            "SELECT m.pk, m.embedding, m.confidence, m.expires_at FROM memories m INDEXED BY memories_owner_model"
+            f" WHERE m.tenant = ? AND m.user_id = ? AND m.embed_model = ? AND m.embedding IS NOT NULL{seen}"
+            " ORDER BY m.pk", (owner.tenant, owner.user, model, *at)).fetchall()
+        return VectorMatrix.build(model, rows, parse_ts)
 
     def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
         rows = self._q("SELECT pk, content FROM memories WHERE pk > ? AND (embed_model IS NULL OR embed_model != ?"
@@ -550,6 +577,11 @@ class SQLiteStore(SQLRecords):
 
     def _purge_memories(self, db: Statements, now: datetime) -> tuple[int, set[str]]:
         return self._forget_rows("expires_at IS NOT NULL AND expires_at <= ?", (ts(now),), recontext=True)
+
+    def _delete_memories(self, db: Statements, owner: Owner, ids: Sequence[str]) -> tuple[int, set[str]]:
+        marks = ",".join("?" * len(ids))
+        return self._forget_rows(f"tenant = ? AND user_id = ? AND id IN ({marks})", (owner.tenant, owner.user, *ids),
+                                 recontext=True)
 
     def _erased(self, counts: dict[str, int], touched: set[str], whole_owner: bool) -> bool:
         if whole_owner:

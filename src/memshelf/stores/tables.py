@@ -50,6 +50,8 @@ OWNER_TABLES: tuple[OwnerTable, ...] = (
     OwnerTable("facts", kind="fact", counted_as="facts", in_stats=True),
     OwnerTable("fact_history", kind="fact_change", counted_as="fact_changes"),
     OwnerTable("messages", kind="message", counted_as="messages", in_stats=True, expires=True),
+    OwnerTable("learned_from", kind="evidence"),
+    OwnerTable("learn_marks", kind="learn_mark"),
     OwnerTable("api_keys", owner=("tenant",), erased=False),
 )
 """Every per-owner table, in the order records are erased, exported, copied and verified."""
