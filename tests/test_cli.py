@@ -118,7 +118,8 @@ def test_missing_owner_says_what_to_do(tmp_path):
 
 def test_every_command_has_help(tmp_path):
     names = ["remember", "search", "context", "prompt", "facts", "set-fact", "forget", "forget-user", "purge",
-             "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages", "learn"]
+             "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages", "learn",
+             "forget-thread"]
     for name in names:
         proc = ok(tmp_path, name, "--help")
         assert "Usage" in proc.stdout and len(proc.stdout) > 100, name
@@ -181,21 +182,21 @@ def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path,
     def cli(*args):
         return ok(tmp_path, "--db", target, *args)
 
-    for content in HELLO:
-        cli("log", "t1", "user", content)
-    cli("log", "t1", "assistant", "Noted: you live in Madrid.")  # the assistant's words say nothing of the user
+    said = [cli("log", "t1", "user", content).stdout.strip() for content in HELLO]
+    said.append(cli("log", "t1", "assistant", "Noted: you live in Madrid.").stdout.strip())  # says nothing of the user
 
     preview = cli("learn", "--thread", "t1", "--dry-run").stdout
     assert rows_of(preview) == [["set_fact", "mined", "home_city = Porto"],
                                 ["remember", "mined", "health: The user is allergic to peanuts."]]
-    assert "would apply 2, skipped 0" in preview and "nothing written" in preview
+    assert "would apply 2, skipped 0, no watermark" in preview and "nothing written" in preview
     assert json.loads(cli("--json", "facts").stdout) == []
     assert "no matches" in run(tmp_path, "--db", target, "search", "peanuts").stderr
 
     plan = json.loads(cli("learn", "--thread", "t1", "--json").stdout)
     assert plan["thread"] == "t1" and plan["extractor"] == "rules" and plan["dry_run"] is False
-    assert [(p["op"], p["key"], p["value"], p["source"]) for p in plan["proposals"]] == [
-        ("set_fact", "home_city", "Porto", "mined"), ("remember", None, None, "mined")]
+    assert plan["messages"] == said and plan["watermark"] == said[-1]
+    assert [(p["op"], p["key"], p["value"], p["source"], p["evidence"]) for p in plan["proposals"]] == [
+        ("set_fact", "home_city", "Porto", "mined", [said[1]]), ("remember", None, None, "mined", [said[2]])]
     memory_id = plan["proposals"][1]["record"]
     assert [(f["key"], f["value"], f["source"]) for f in json.loads(cli("--json", "facts").stdout)] == [
         ("home_city", "Porto", "mined")]
@@ -204,13 +205,28 @@ def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path,
         (memory_id, "The user is allergic to peanuts.")]
 
     again = cli("learn", "--thread", "t1").stdout
-    assert "applied 0," in again
-    cli("log", "t1", "user", "I moved to Lisbon last month.")
+    assert again.splitlines() == ["nothing to learn", f"applied 0, skipped 0, watermark {said[-1]}"]
+    moved_id = cli("log", "t1", "user", "I moved to Lisbon last month.").stdout.strip()
     moved = json.loads(cli("--json", "learn", "--thread", "t1").stdout)
-    assert [(p["op"], p["key"], p["value"]) for p in moved["proposals"] if p["op"] != "skip"] == [
-        ("set_fact", "home_city", "Lisbon")]
+    assert moved["messages"] == [moved_id] and moved["watermark"] == moved_id
+    assert [(p["op"], p["key"], p["value"]) for p in moved["proposals"]] == [("set_fact", "home_city", "Lisbon")]
     history = json.loads(cli("--json", "facts", "--history", "home_city").stdout)
     assert [h["value"] for h in history] == ["Porto", "Lisbon"]
+
+    cli("set-fact", "user_name", "Kaleb")  # written by the caller: no thread's to erase
+    erased = json.loads(cli("--json", "forget-thread", "t1", "--cascade").stdout)
+    assert erased == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 5, "scrub_pending": False}
+    assert [f["key"] for f in json.loads(cli("--json", "facts").stdout)] == ["user_name"]
+    assert json.loads(cli("--json", "search", "peanuts").stdout)["hits"] == []
+
+
+def test_forget_thread_without_cascade_keeps_what_was_learned(tmp_path):
+    ok(tmp_path, "log", "t2", "user", "I live in Porto.")
+    ok(tmp_path, "learn", "--thread", "t2")
+    assert ok(tmp_path, "forget-thread", "t2").stdout.startswith("erased 0 memories, 0 facts, 0 fact_changes, "
+                                                                 "1 messages")
+    assert json.loads(ok(tmp_path, "--json", "messages", "t2").stdout) == []
+    assert "home_city: Porto" in ok(tmp_path, "facts").stdout
 
 
 def test_learn_from_a_file_prints_user_text_as_it_is(tmp_path):

@@ -250,10 +250,12 @@ async def check_learn_thread(session: ClientSession, rest: httpx.Client) -> None
     rest.post("/v1/users/lena/messages", json={"thread": "kitchen", "role": "user",
                                                 "content": "I moved to Lisbon last month."})
     moved = await call(session, "learn", thread="kitchen")
-    assert [(p["key"], p["value"]) for p in moved["proposals"] if p["op"] != "skip"] == [("home_city", "Lisbon")]
+    assert [(p["op"], p["key"], p["value"]) for p in moved["proposals"]] == [("set_fact", "home_city", "Lisbon")]
+    assert moved["watermark"] != plan["watermark"]
     history = rest.get("/v1/users/lena/facts/home_city/history").json()["items"]
     assert [c["value"] for c in history] == ["Porto", "Lisbon"]
-    assert (await call(session, "learn", thread="kitchen"))["applied"] == 0
+    again = await call(session, "learn", thread="kitchen")
+    assert (again["applied"], again["proposals"], again["watermark"]) == (0, [], moved["watermark"])
 
 
 async def check_a_guess_keeps_the_stated_fact(session: ClientSession) -> None:

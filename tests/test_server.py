@@ -128,7 +128,8 @@ def test_web_page_and_api_docs_are_served(anonymous: httpx.Client) -> None:
     for path in ("/v1/users/{user}/memories", "/v1/users/{user}/memories/batch", "/v1/users/{user}/search",
                  "/v1/users/{user}/context", "/v1/users/{user}/prompt", "/v1/users/{user}/facts/{key}",
                  "/v1/users/{user}/messages", "/v1/users/{user}/export", "/v1/users/{user}/import",
-                 "/v1/users/{user}/learn", "/v1/admin/keys", "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
+                 "/v1/users/{user}/learn", "/v1/users/{user}/threads/{thread}", "/v1/admin/keys",
+                 "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
         assert path in paths
 
 
@@ -309,7 +310,7 @@ def learn(client: httpx.Client, user: str, **body: Any) -> dict[str, Any]:
 
 def test_learn_a_thread_previews_applies_and_adds_nothing_twice(served: httpx.Client) -> None:
     said = log(served, "kaleb", "Hi, I'm Kaleb.", "I live in Porto.", "I'm allergic to peanuts.")
-    log(served, "kaleb", "Noted: you live in Madrid.", role="assistant")
+    said += log(served, "kaleb", "Noted: you live in Madrid.", role="assistant")
 
     preview = learn(served, "kaleb", thread="t1", dry_run=True)
     assert preview["dry_run"] is True and preview["thread"] == "t1" and preview["extractor"] == "rules"
@@ -331,14 +332,26 @@ def test_learn_a_thread_previews_applies_and_adds_nothing_twice(served: httpx.Cl
     hits = served.post("/v1/users/kaleb/search", json={"question": "peanuts"}).json()["hits"]
     assert [(h["memory"]["id"], h["memory"]["confidence"]) for h in hits] == [(memory_id, 0.6)]
 
-    assert [p["op"] for p in learn(served, "kaleb", thread="t1")["proposals"]] in ([], ["skip", "skip"])
-    log(served, "kaleb", "I moved to Lisbon last month.")
+    assert applied["messages"] == said and applied["watermark"] == said[-1] and preview["watermark"] is None
+    again = learn(served, "kaleb", thread="t1")
+    assert (again["proposals"], again["messages"], again["watermark"]) == ([], [], applied["watermark"])
+    moved_id = log(served, "kaleb", "I moved to Lisbon last month.")[0]
     moved = learn(served, "kaleb", thread="t1")
-    assert [(p["op"], p["key"], p["value"]) for p in moved["proposals"] if p["op"] != "skip"] == [
-        ("set_fact", "home_city", "Lisbon")]
+    assert moved["messages"] == [moved_id] and moved["watermark"] == moved_id
+    assert [(p["op"], p["key"], p["value"], p["evidence"]) for p in moved["proposals"]] == [
+        ("set_fact", "home_city", "Lisbon", [moved_id])]
     history = served.get("/v1/users/kaleb/facts/home_city/history").json()["items"]
     assert [c["value"] for c in history] == ["Porto", "Lisbon"]
     assert served.get("/v1/users/someone_else/facts").json()["items"] == []
+
+    kept = served.delete("/v1/users/kaleb/threads/t1")
+    assert kept.status_code == 200 and kept.json()["messages"] == 5 and kept.json()["memories"] == 0
+    assert served.get("/v1/users/kaleb/facts/home_city").json()["value"] == "Lisbon"
+    log(served, "kaleb", "I'm vegetarian.", thread="t2")
+    assert learn(served, "kaleb", thread="t2")["proposals"][0]["op"] in ("remember", "set_fact")
+    erased = served.delete("/v1/users/kaleb/threads/t2", params={"cascade": "true"}).json()
+    assert erased["messages"] == 1 and erased["memories"] + erased["facts"] == 1
+    assert served.get("/v1/users/kaleb/messages", params={"thread": "t2"}).json()["items"] == []
 
 
 def test_learn_turns_given_in_the_body(acme: httpx.Client) -> None:
@@ -505,6 +518,8 @@ BAD_INPUT = [
     ("learn-unknown-extractor", "POST", "/v1/users/u/learn", {"thread": "t", "extractor": "psychic"}, 422,
      "invalid_input"),
     ("learn-empty-thread", "POST", "/v1/users/u/learn", {"thread": ""}, 422, "validation_error"),
+    ("forget-thread-cascade-not-bool", "DELETE", "/v1/users/u/threads/t?cascade=maybe", None, 422,
+     "validation_error"),
     ("unknown-route", "GET", "/v1/users/u/nothing-here", None, 404, "not_found"),
     ("wrong-method", "PATCH", "/v1/users/u/memories", None, 405, "method_not_allowed"),
 ]

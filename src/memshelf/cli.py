@@ -358,7 +358,7 @@ def _print_plan(plan: Plan) -> None:
         out.print("nothing to learn", highlight=False)
     verb = "would apply" if plan.dry_run else "applied"
     where = f"watermark {plan.watermark}" if plan.watermark else "no watermark"
-    note = " (dry run: nothing written)" if plan.dry_run else ""
+    note = " (dry run: nothing written, the watermark stays)" if plan.dry_run else ""
     out.print(Text(f"{verb} {len(plan.applied)}, skipped {len(plan.skipped)}, {where}{note}"))
 
 
@@ -372,6 +372,19 @@ def forget_user(ctx: typer.Context, yes: bool = typer.Option(False, "--yes", hel
         raise typer.Exit(1)
     with _shelf(ctx) as shelf:
         erased = shelf.forget_user(owner)
+    _emit_json(erased.as_dict()) if s.as_json else out.print(
+        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
+        + (_SCRUB_PENDING if erased.scrub_pending else ""))
+
+
+@app.command("forget-thread")
+def forget_thread(ctx: typer.Context, thread: str,
+                  cascade: bool = typer.Option(False, "--cascade", help="Also erase the memories and facts learned "
+                                               "only from this thread.")) -> None:
+    """Erase a thread's messages and its learning watermark (--cascade: and what was learned only from it)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        erased = shelf.forget_thread(s.owner(), thread, cascade=cascade)
     _emit_json(erased.as_dict()) if s.as_json else out.print(
         "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
         + (_SCRUB_PENDING if erased.scrub_pending else ""))
