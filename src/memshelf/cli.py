@@ -341,7 +341,8 @@ def _instant(value: object, where: str) -> datetime:
 def _what(proposal: Proposal) -> str:
     if proposal.key is not None:
         return f"{proposal.key} = {proposal.value}"
-    return f"{proposal.topic}: {proposal.content}" if proposal.content is not None else ""
+    what = f"{proposal.topic}: {proposal.content}" if proposal.content is not None else ""
+    return f"{what} (replaces {proposal.replaces})" if proposal.replaces else what
 
 
 def _print_plan(plan: Plan) -> None:
