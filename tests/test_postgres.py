@@ -19,6 +19,7 @@ from fakes import HashEmbedder
 from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
 from memshelf.model import Memory, NewMemory
+from memshelf.stores.base import Evidence
 from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names, index_statements
 from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
 from memshelf.stores.sqlite import SQLiteStore
@@ -41,6 +42,14 @@ def _fill(shelf: Shelf, owner: Owner, word: str) -> None:
     shelf.set_fact(owner, "colour", f"{word}-blue")
     shelf.set_fact(owner, "colour", f"{word}-green")
     shelf.log_message(owner, "t1", "user", f"where is my {word}?")
+
+
+def _fill_learned(shelf: Shelf, owner: Owner, word: str) -> None:
+    """_fill, and what learning keeps: a thread's watermark and a record's evidence (no more records)."""
+    _fill(shelf, owner, word)
+    shelf.learn(owner, thread="t1")  # a question: nothing learned, but the watermark moves
+    said = shelf.messages(owner, "t1")[0]
+    shelf.store.add_evidence(owner, [Evidence("fact", "colour", said.id, "t1", said.created_at)])
 
 
 # ---------------------------------------------------------------- migrations
@@ -139,8 +148,8 @@ def test_open_by_url_gives_a_working_shelf(pg_url):
 @pytest.fixture(scope="module")
 def two_tenants(pg_url):
     with Shelf.open(pg_url, embedder=None) as shelf:
-        _fill(shelf, Owner("wall-a", "alice"), "stapler")
-        _fill(shelf, Owner("wall-b", "bob"), "compass")
+        _fill_learned(shelf, Owner("wall-a", "alice"), "stapler")
+        _fill_learned(shelf, Owner("wall-b", "bob"), "compass")
         shelf.create_key("wall-b", "bob's key")
     return pg_url
 
@@ -193,8 +202,8 @@ def login_role(pg_server):
     """The README's production setup, filled through memshelf: two tenants with every kind of record."""
     url, role = pg_server.login_role_database()
     with Shelf.open(url, embedder=None) as shelf:
-        _fill(shelf, Owner("wall-a", "alice"), "stapler")
-        _fill(shelf, Owner("wall-b", "bob"), "compass")
+        _fill_learned(shelf, Owner("wall-a", "alice"), "stapler")
+        _fill_learned(shelf, Owner("wall-b", "bob"), "compass")
         shelf.create_key("wall-b", "bob's key")
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
@@ -224,7 +233,8 @@ def test_the_documented_login_role_runs_every_operation(login_role, tmp_path):
         assert store.purge_expired(datetime.now(UTC) + timedelta(days=3650)).messages == 2
         assert store.erase_tenant("wall-a").facts == 1
         assert [o.tenant for o in store.owners()] == ["wall-b"]
-        assert store.scrub() == ["fact_history", "facts", "memories", "messages"]  # no CHECKPOINT right: skipped
+        assert store.scrub() == ["fact_history", "facts", "learn_marks", "learned_from", "memories",
+                                 "messages"]  # no CHECKPOINT right: skipped
         store.add_memories(Owner("wall-b", "bob"), _new(_unit_rows(6, 5, 8), "login-8"), T0)
         assert store.wait_for_indexes(120)
         assert all(_index_state(login_role, "login-8", 8).values())
@@ -325,7 +335,8 @@ def test_the_exact_path_reads_the_covering_index_and_never_the_table(crowd):
     with store._tenant(owner.tenant) as cur:
         plan = "\n".join(r[0] for r in cur.execute(
             sql.SQL("EXPLAIN ") + exact_query(owner, "test-48", DIMS),
-            (Blob(pack(vectors[0])), owner.tenant, owner.user, T0, K, owner.tenant, -1.0)))
+            (Blob(pack(vectors[0])), owner.tenant, owner.user, T0, K, owner.tenant, owner.user, owner.tenant, -1.0,
+             K)))
     assert f"Index Only Scan using {index_names('test-48', DIMS)['exact']}" in plan
 
 
@@ -616,7 +627,7 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
     if pg_server.data_dir is None:
         pytest.skip("needs the embedded server's data directory (MEMSHELF_TEST_DATABASE_URL is set)")
     url, kaleb, embedder = pg_server.fresh_database(), Owner("scrub", "kaleb-quokkauser"), HashEmbedder()
-    needles = [b"quokkavault", b"quokkatopic", b"quokkakey", b"quokkavalue", b"quokkathread",
+    needles = [b"quokkavault", b"quokkatopic", b"quokkakey", b"quokkavalue", b"quokkathread", b"Quokkaville",
                pack(embedder.embed(SECRET))]
     if erase != "forget_each":
         needles.append(b"kaleb-quokkauser")
@@ -626,6 +637,8 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
         memory = shelf.remember(kaleb, "quokkatopic", SECRET)
         shelf.set_fact(kaleb, "quokkakey", "quokkavalue")
         shelf.log_message(kaleb, "quokkathread", "user", SECRET, ttl=10)
+        shelf.log_message(kaleb, "quokkathread", "user", "I live in Quokkaville.")
+        shelf.learn(kaleb, thread="quokkathread")  # a watermark and evidence naming the thread, a learned fact
         store = shelf.store
         assert store.wait_for_indexes(120)
         store.scrub()  # nothing erased yet: nothing to do, but CHECKPOINT writes the rows to the files
@@ -641,7 +654,9 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
             shelf.forget_fact(kaleb, "quokkakey")
             clock.advance(3600)
             assert shelf.purge_expired().messages == 1  # the message went by its own retention
-        assert set(store.scrub(full=full)) >= {"memories", "facts", "fact_history", "messages"}
+            assert shelf.forget_thread(kaleb, "quokkathread", cascade=True).facts == 1  # and what was learned
+        assert set(store.scrub(full=full)) >= {"memories", "facts", "fact_history", "messages", "learn_marks",
+                                               "learned_from"}
         left = _files_holding(pg_server.data_dir, url, needles)
     if full:
         assert left == {}

@@ -255,6 +255,33 @@ def test_forget_fact_removes_the_key_and_values_from_the_files(tmp_path):
     shelf.close()
 
 
+@pytest.mark.parametrize("erase", ["forget_user", "forget_thread"])
+def test_what_was_learned_from_a_thread_leaves_the_files_with_it(tmp_path, erase):
+    """Learning keeps the thread's name (its watermark, its evidence rows), the values it set and the memories it
+    wrote: erasing the owner, or the thread with cascade, takes every byte of them out of the file."""
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    for i in range(200):  # another user's rows, enough to give the full-text index several pages
+        shelf.remember(MAYA, "filler", f"Filler statement number {i} about the weather.")
+    shelf.log_message(KALEB, "quokkathread", "user", "I live in Quokkaville. Remember that my locker is quokkasafe.")
+    shelf.log_message(KALEB, "other", "user", "I work at Acme.")
+    shelf.learn(KALEB, thread="quokkathread")
+    shelf.learn(KALEB, thread="other")
+    assert {f.key for f in shelf.facts(KALEB)} == {"home_city", "employer"} and shelf.list_memories(KALEB)[0]
+    assert b"quokkathread" in file_bytes(db) and b"Quokkaville" in file_bytes(db)
+    if erase == "forget_user":
+        shelf.forget_user(KALEB)
+    else:
+        erased = shelf.forget_thread(KALEB, "quokkathread", cascade=True)
+        assert (erased.memories, erased.facts, erased.messages) == (1, 1, 1)
+        assert [f.key for f in shelf.facts(KALEB)] == ["employer"]  # learned in another thread: kept
+    leftover = file_bytes(db)  # the shelf is still open: no close-time checkpoint helps
+    for needle in (b"quokkathread", b"Quokkaville", b"quokkasafe"):
+        assert needle not in leftover, needle
+    assert b"Filler statement number 7 " in leftover  # the file is readable text: the check can fail
+    shelf.close()
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 def _hold_the_write_lock(db: Path) -> sqlite3.Connection:

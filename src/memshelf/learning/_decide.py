@@ -96,6 +96,7 @@ class Decider:
         self.said_at: dict[str, datetime | None] = {t.id: t.at for t in turns if t.id is not None}
         self.facts = {fact.key: fact for fact in shelf.facts(owner)}
         self.closed: set[str] = set()
+        self.confirmed: list[Proposal] = []  # facts said again with their current value: more evidence, no write
 
     def decide(self, proposal: Proposal) -> Proposal:
         try:
@@ -105,6 +106,7 @@ class Decider:
 
     def _decide(self, proposal: Proposal) -> Proposal:
         if proposal.op == "skip":
+            self._confirms(proposal)
             return proposal
         strange = [ident for ident in proposal.evidence if ident not in self.said_at]
         if strange:
@@ -122,12 +124,22 @@ class Decider:
             return self._supersede(proposal, worth)
         return proposal
 
+    def _confirms(self, proposal: Proposal) -> None:
+        """A fact said again with the value it has: the messages that say it are its evidence too, so forgetting
+        one of the threads that said it (cascade) leaves it to the others."""
+        current = self.facts.get(proposal.key or "")
+        if (current is not None and current.value == proposal.value and proposal.evidence
+                and all(ident in self.said_at for ident in proposal.evidence)):
+            self.confirmed.append(proposal)
+
     def _fact(self, proposal: Proposal, worth: float) -> Proposal:
         key = check_text("fact key", proposal.key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", proposal.value, MAX_FACT_VALUE_CHARS)
         current = self.facts.get(key)
         if current is not None and current.value == value:
-            return _skip(proposal, f"{key} is already {value!r}")
+            skipped = _skip(proposal, f"{key} is already {value!r}")
+            self._confirms(skipped)
+            return skipped
         if current is not None and worth < (held := self.shelf.sources.get(current.source, 1.0)):
             return _skip(proposal, f"the current {key} ({current.value!r}) is {current.source}, worth {held}; a "
                                    f"{proposal.source} value (worth {worth}) cannot replace it")
@@ -177,11 +189,11 @@ class Application:
         return any(e.kind == kind and e.record == record for e in self.evidence)
 
 
-def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], said_at: dict[str, datetime | None],
+def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Decider,
           plan: Application) -> list[Proposal]:
     """Write what was decided, its evidence and the moved watermark, in one transaction: all or nothing. Memories
     are embedded first, outside the transaction, so the write lock is not held while a model runs."""
-    now = shelf.now()
+    now, said_at = shelf.now(), decider.said_at
     new = {index: NewMemory(p.topic or "", p.content or "", p.source, shelf.sources.confidence(p.source), None,
                             created_at=now)
            for index, p in enumerate(decided) if p.op in ("remember", "supersede")}
@@ -199,6 +211,9 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], said_at: dict
                 done.append(_remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan, said_at))
             else:
                 done.append(proposal)
+        for confirmed in decider.confirmed:  # a fact the caller set (no evidence) stays the caller's
+            if plan.cites("fact", confirmed.key or "") or shelf.store.evidence(owner, "fact", confirmed.key):
+                plan.cite("fact", confirmed.key or "", confirmed, said_at)
         shelf.store.add_evidence(owner, plan.evidence)
         if plan.thread is not None and plan.mark is not None:
             shelf.store.set_learn_mark(owner, plan.thread, plan.mark, now)
@@ -214,7 +229,8 @@ def _remembered(shelf: Shelf, owner: Owner, proposal: Proposal, memory: Memory, 
     if not seen_again or plan.cites("memory", memory.id) or shelf.store.evidence(owner, "memory", memory.id):
         plan.cite("memory", memory.id, proposal, said_at)
     if seen_again:
-        proposal = _with(proposal, f"seen again: {memory.id} now has {memory.observations} observations")
+        proposal = _with(proposal, f"seen again: {memory.id} now has {memory.observations} observations" + (
+            f"; it stays superseded by {memory.superseded_by}" if memory.superseded_by else ""))
     if proposal.op != "supersede":
         return proposal
     if proposal.replaces == memory.id:
@@ -244,7 +260,7 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
     read = logged[:MAX_TURNS]
     if not dry_run and (read or any(p.op != "skip" for p in decided)):
         moved = Mark(read[-1].id, read[-1].created_at) if read else None
-        decided = apply(shelf, owner, decided, decider.said_at,
+        decided = apply(shelf, owner, decided, decider,
                         Application(thread if messages is None else None, moved))
         mark = moved or mark
     return Plan(str(owner), thread, extractor_name(chosen), dry_run, tuple(decided), tuple(m.id for m in read),

@@ -255,6 +255,7 @@ CREATE INDEX learned_from_record ON learned_from (tenant, user_id, kind, record)
 CREATE INDEX learned_from_thread ON learned_from (tenant, user_id, thread);
 GRANT USAGE ON SEQUENCE learned_from_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
 ALTER TABLE memories ADD COLUMN superseded_at timestamptz, ADD COLUMN superseded_by text;
+CREATE INDEX memories_superseded ON memories (tenant, user_id) WHERE superseded_at IS NOT NULL;
 {tenant_wall(["learn_marks", "learned_from"])}
 {scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks"])}
 """),

@@ -241,7 +241,12 @@ def _seen(view: View) -> tuple[sql.SQL, tuple]:
 
 
 def exact_query(owner: Owner, model: str, dimensions: int, view: View = CURRENT) -> sql.Composed:
-    """The exact path's query; parameters: query vector, tenant, user, now, the view's, limit, tenant, floor.
+    """The exact path's query; parameters: query vector, tenant, user, now, the view's, limit, tenant, user, tenant,
+    floor, limit.
+
+    Superseded rows are dropped after the scan, not in it, so that the scan stays index-only (superseded_at is not
+    in the covering index): it takes `limit` more rows than the owner has superseded (counted through the small
+    partial index memories_superseded), and the join drops those. A view of the past filters in the scan.
 
     Ordering by the score (not by the distance operator) keeps the planner off the HNSW index. The scan reads
     only what the covering index holds (pk, confidence, expiry, vector), stored in owner order, so it never visits
@@ -253,11 +258,14 @@ def exact_query(owner: Owner, model: str, dimensions: int, view: View = CURRENT)
     return sql.SQL(
         "WITH top AS MATERIALIZED (SELECT m.pk, m.confidence, 1 - ({cast} <=> %s::vector({dims})) AS score"
         " FROM memories m WHERE {owner} AND {live}{seen} AND {vector}"
-        " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s)"
+        " ORDER BY score DESC, m.confidence DESC, m.pk DESC LIMIT %s + (SELECT count(*) FROM memories s"
+        "   WHERE s.tenant = %s AND s.user_id = %s AND s.superseded_at IS NOT NULL))"
         " SELECT {columns}, m.pk, top.score FROM top JOIN memories m ON m.pk = top.pk AND m.tenant = %s"
-        " WHERE top.score >= %s ORDER BY top.score DESC, top.confidence DESC, top.pk DESC").format(
+        " WHERE top.score >= %s{current} ORDER BY top.score DESC, top.confidence DESC, top.pk DESC LIMIT %s").format(
         columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions), dims=sql.Literal(dimensions),
-        owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), seen=_seen(view)[0], vector=vector)
+        owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), vector=vector,
+        seen=sql.SQL("") if view == CURRENT else _seen(view)[0],
+        current=sql.SQL(" AND m.superseded_at IS NULL" if view == CURRENT else ""))
 
 
 def _cast(dimensions: int, alias: str = "m.") -> sql.Composed:
@@ -750,9 +758,10 @@ class PostgresStore(SQLRecords):
 
     def _exact(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
                floor: float, now: datetime, view: View) -> list[Scored]:
+        seen = () if view == CURRENT else _seen(view)[1]
         rows = cur.execute(exact_query(owner, model, dimensions, view),
-                           (blob, owner.tenant, owner.user, now, *_seen(view)[1], limit, owner.tenant,
-                            floor)).fetchall()
+                           (blob, owner.tenant, owner.user, now, *seen, limit, owner.tenant, owner.user, owner.tenant,
+                            floor, limit)).fetchall()
         return [Scored(_memory(r), float(r[MEMORY_WIDTH + 1])) for r in rows]
 
     def _approximate(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int,

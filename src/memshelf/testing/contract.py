@@ -12,6 +12,7 @@ import pytest
 
 from ..errors import ConfigError, InvalidInput, NotFound, UnknownSource
 from ..model import MAX_CONTENT_CHARS, Owner
+from ..stores.base import Evidence, Mark
 from . import clock, open_shelf, shelf
 
 
@@ -508,6 +509,151 @@ def test_paging_walks_every_memory_once(shelf, clock):
 def test_a_bad_floor_is_refused(shelf, floor):
     with pytest.raises(InvalidInput, match="floor"):
         shelf.search(KALEB, "printer", floor=floor)
+
+
+# ---------------------------------------------------------------- supersession, watermarks, evidence
+def test_a_superseded_memory_keeps_its_text_and_leaves_current_reads(shelf, clock):
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    clock.advance(10)
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    assert shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    assert not shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())  # already closed
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Lisbon."]
+    assert shelf.context(KALEB, "where does Kaleb live") == shelf.context(KALEB, "Lisbon")
+    assert "Porto" not in shelf.build_prompt("base", KALEB, "where does Kaleb live")
+    assert [m.id for m in shelf.list_memories(KALEB)[0]] == [new.id]
+    closed = shelf.get(KALEB, old.id)
+    assert (closed.content, closed.superseded_at, closed.superseded_by) == (
+        "Kaleb lives in Porto.", shelf.now(), new.id)
+    assert sorted(contents(shelf.search(KALEB, "Kaleb lives", include_superseded=True))) == [
+        "Kaleb lives in Lisbon.", "Kaleb lives in Porto."]
+
+
+def test_as_of_sees_what_was_current_then(shelf, clock):
+    start = shelf.now()
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    clock.advance(10)
+    between = shelf.now()
+    clock.advance(10)
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    clock.advance(10)
+    assert contents(shelf.search(KALEB, "Kaleb lives", as_of=between)) == ["Kaleb lives in Porto."]
+    assert contents(shelf.search(KALEB, "Kaleb lives", as_of=shelf.now())) == ["Kaleb lives in Lisbon."]
+    assert contents(shelf.search(KALEB, "Kaleb lives", as_of=start - timedelta(seconds=1))) == []
+    assert "Porto" in shelf.context(KALEB, "where does Kaleb live", as_of=between)
+    with pytest.raises(InvalidInput, match="as_of"):
+        shelf.search(KALEB, "Kaleb", as_of=datetime(2026, 1, 1))  # naive
+
+
+def test_nobody_supersedes_another_owners_memory(shelf):
+    theirs = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    mine = shelf.remember(MAYA, "home", "Maya lives in Faro.")
+    for stranger in STRANGERS + [MAYA]:
+        assert not shelf.store.supersede_memory(stranger, theirs.id, mine.id, shelf.now())
+    assert shelf.get(KALEB, theirs.id).superseded_at is None
+
+
+def test_facts_as_of_read_the_history(shelf, clock):
+    shelf.set_fact(KALEB, "home_city", "Porto")
+    clock.advance(10)
+    between = shelf.now()
+    clock.advance(10)
+    shelf.set_fact(KALEB, "home_city", "Lisbon")
+    shelf.set_fact(KALEB, "home_city", "a guess", source="inferred")  # kept in history only: weaker than stated
+    assert [f.value for f in shelf.facts(KALEB)] == ["Lisbon"]
+    assert [f.value for f in shelf.facts(KALEB, as_of=between)] == ["Porto"]
+    assert [f.value for f in shelf.facts(KALEB, as_of=shelf.now())] == ["Lisbon"]
+    assert "Porto" in shelf.build_prompt("base", KALEB, "", as_of=between)
+
+
+def test_a_threads_watermark_reads_only_later_messages(shelf, clock):
+    first = shelf.log_message(KALEB, "t1", "user", "one")
+    second = shelf.log_message(KALEB, "t1", "user", "two")  # the same instant: ordered by when it was written
+    shelf.log_message(KALEB, "t2", "user", "elsewhere")
+    clock.advance(1)
+    third = shelf.log_message(KALEB, "t1", "user", "three")
+    store = shelf.store
+    assert store.learn_mark(KALEB, "t1") is None
+    assert [m.id for m in store.messages_after(KALEB, "t1", None, 10, shelf.now())] == [first.id, second.id, third.id]
+    store.set_learn_mark(KALEB, "t1", Mark(first.id, first.created_at), shelf.now())
+    mark = store.learn_mark(KALEB, "t1")
+    assert mark == Mark(first.id, first.created_at)
+    assert [m.id for m in store.messages_after(KALEB, "t1", mark, 10, shelf.now())] == [second.id, third.id]
+    assert [m.id for m in store.messages_after(KALEB, "t1", mark, 1, shelf.now())] == [second.id]
+    store.set_learn_mark(KALEB, "t1", Mark(third.id, third.created_at), shelf.now())
+    assert store.messages_after(KALEB, "t1", store.learn_mark(KALEB, "t1"), 10, shelf.now()) == []
+    assert store.learn_mark(MAYA, "t1") is None and store.learn_marks(KALEB) == {"t1": Mark(third.id, third.created_at)}
+
+
+def test_evidence_is_kept_per_record_and_erased_with_it(shelf):
+    memory = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
+    message = shelf.log_message(KALEB, "t1", "user", "I have a cat.")
+    rows = [Evidence("memory", memory.id, message.id, "t1", message.created_at),
+            Evidence("fact", "pet", message.id, "t1", message.created_at)]
+    shelf.store.add_evidence(KALEB, rows)
+    assert shelf.evidence(KALEB, memory_id=memory.id) == rows[:1]
+    assert shelf.evidence(KALEB, key="pet") == rows[1:]
+    assert shelf.evidence(MAYA, memory_id=memory.id) == []
+    shelf.forget(KALEB, memory.id)
+    assert shelf.evidence(KALEB, memory_id=memory.id) == []
+    with pytest.raises(InvalidInput, match="memory_id"):
+        shelf.evidence(KALEB)
+
+
+def test_forget_thread_erases_its_messages_and_watermark_and_cascades_by_evidence(shelf):
+    only_here = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
+    also_elsewhere = shelf.remember(KALEB, "pets", "Kaleb has a dog.")
+    written = shelf.remember(KALEB, "pets", "Kaleb had a parrot.")
+    here = shelf.log_message(KALEB, "t1", "user", "I have a cat and a dog.")
+    there = shelf.log_message(KALEB, "t2", "user", "I have a dog.")
+    shelf.set_fact(KALEB, "pet", "cat")
+    shelf.set_fact(KALEB, "pet", "cat and dog")
+    shelf.set_fact(KALEB, "home_city", "Porto")
+    shelf.store.add_evidence(KALEB, [
+        Evidence("memory", only_here.id, here.id, "t1", here.created_at),
+        Evidence("memory", also_elsewhere.id, here.id, "t1", here.created_at),
+        Evidence("memory", also_elsewhere.id, there.id, "t2", there.created_at),
+        Evidence("fact", "pet", here.id, "t1", here.created_at)])
+    shelf.store.set_learn_mark(KALEB, "t1", Mark(here.id, here.created_at), shelf.now())
+
+    erased = shelf.forget_thread(KALEB, "t1", cascade=True)
+
+    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1, "scrub_pending": False}
+    assert sorted(m.content for m in shelf.list_memories(KALEB)[0]) == ["Kaleb had a parrot.", "Kaleb has a dog."]
+    assert [f.key for f in shelf.facts(KALEB)] == ["home_city"] and shelf.fact_history(KALEB, "pet") == []
+    assert shelf.messages(KALEB, "t1") == [] and [m.id for m in shelf.messages(KALEB, "t2")] == [there.id]
+    assert shelf.store.learn_mark(KALEB, "t1") is None
+    assert [e.thread for e in shelf.evidence(KALEB, memory_id=also_elsewhere.id)] == ["t2"]
+    assert shelf.get(KALEB, written.id).content == "Kaleb had a parrot."
+
+
+def test_forget_thread_without_cascade_keeps_what_was_learned(shelf):
+    memory = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
+    here = shelf.log_message(KALEB, "t1", "user", "I have a cat.")
+    shelf.store.add_evidence(KALEB, [Evidence("memory", memory.id, here.id, "t1", here.created_at)])
+    assert shelf.forget_thread(KALEB, "t1").as_dict()["messages"] == 1
+    assert shelf.get(KALEB, memory.id).content == "Kaleb has a cat."
+    assert shelf.evidence(KALEB, memory_id=memory.id) == []  # it pointed at erased messages
+    assert shelf.forget_thread(MAYA, "t1").as_dict()["messages"] == 0
+
+
+def test_export_import_carries_supersession_evidence_and_watermarks(shelf, clock):
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    clock.advance(1)
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    message = shelf.log_message(KALEB, "t1", "user", "I moved to Lisbon.")
+    shelf.store.add_evidence(KALEB, [Evidence("memory", new.id, message.id, "t1", message.created_at)])
+    shelf.store.set_learn_mark(KALEB, "t1", Mark(message.id, message.created_at), shelf.now())
+    exported = _jsonl(shelf.export(KALEB))
+    counts = shelf.import_(MAYA, (json.loads(line) for line in exported.splitlines()))
+    assert counts == {"memories": 2, "facts": 0, "messages": 1, "evidence": 1, "learn_marks": 1}
+    assert _jsonl(shelf.export(MAYA)) == exported
+    assert shelf.get(MAYA, old.id).superseded_by == new.id
+    assert contents(shelf.search(MAYA, "Kaleb lives")) == ["Kaleb lives in Lisbon."]
+    assert shelf.import_(MAYA, (json.loads(line) for line in exported.splitlines())) == {
+        "memories": 0, "facts": 0, "messages": 0, "evidence": 0, "learn_marks": 0}
 
 
 # What `from memshelf.testing.contract import *` brings into a test module: every test, and the fixtures they use.

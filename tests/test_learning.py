@@ -1,0 +1,371 @@
+"""Learning from conversations, the way users do it, on both backends: turns are logged in a thread, Shelf.learn
+reads what is new since the thread's watermark, the extractor proposes, the Shelf decides and applies the plan in
+one transaction; what was learned shows in search, context and prompts, keeps its evidence, can be superseded,
+and goes with its thread when the thread is forgotten with cascade."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Sequence
+
+import pytest
+from fakes import HashEmbedder
+
+from memshelf import ExtractorError, MemshelfError, Owner, Proposal, Shelf
+from memshelf.learning import Extractor, Known, Turn
+from memshelf.learning import _decide
+from memshelf.migrate import migrate
+from memshelf.stores.sqlite import SQLiteStore
+
+KALEB = Owner("home", "kaleb")
+MAYA = Owner("home", "maya")
+
+
+class Scripted(Extractor):
+    """An extractor written by a test: it proposes what `script(user_turns)` returns (real Proposals, with the
+    ids of the turns it read as evidence)."""
+
+    name = "scripted"
+
+    def __init__(self, script: Callable[[list[Turn]], list[Proposal]]) -> None:
+        self.script = script
+
+    def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+        return self.script([t for t in turns if t.role == "user"])
+
+
+class Flaky(Extractor):
+    """Fails the first time (a model that timed out, a bug), then proposes as `rules` does."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+        self.calls += 1
+        if self.calls == 1:
+            raise TimeoutError("the model did not answer")
+        from memshelf.learning import resolve_extractor
+
+        return resolve_extractor("rules").propose(turns, known)
+
+
+def records(shelf: Shelf, owner: Owner = KALEB) -> list[dict]:
+    return list(shelf.export(owner))
+
+
+def fact(shelf: Shelf, key: str, owner: Owner = KALEB) -> str | None:
+    return next((f.value for f in shelf.facts(owner) if f.key == key), None)
+
+
+def test_a_conversation_learned_shows_in_search_context_and_prompt(shelf):
+    shelf.log_message(KALEB, "t1", "user", "Hi! I live in Porto and I'm allergic to peanuts.")
+    shelf.log_message(KALEB, "t1", "assistant", "Noted. I live in the cloud.")  # the assistant's words: not the user's
+    shelf.log_message(KALEB, "t1", "user", "Remember that my sister's wedding is in Faro.")
+
+    plan = shelf.learn(KALEB, thread="t1")
+
+    assert not plan.dry_run and plan.extractor == "rules" and len(plan.messages) == 3
+    assert plan.watermark == plan.messages[-1]
+    assert fact(shelf, "home_city") == "Porto"
+    assert {p.op for p in plan.applied} == {"set_fact", "remember"} and all(p.record for p in plan.applied)
+    assert all(p.reason for p in plan.proposals)
+    hits = shelf.search(KALEB, "sister wedding")
+    assert [h.memory.source for h in hits] == ["stated"] and "Faro" in hits[0].memory.content
+    assert "Faro" in shelf.context(KALEB, "when is the wedding")
+    prompt = shelf.build_prompt("You are helpful.", KALEB, "What am I allergic to?")
+    assert "Porto" in prompt and "peanut" in prompt.lower() and "cloud" not in prompt
+    said = shelf.messages(KALEB, "t1")[0]
+    assert [(e.message_id, e.thread) for e in shelf.evidence(KALEB, key="home_city")] == [(said.id, "t1")]
+
+
+def test_a_move_replaces_the_home_and_the_past_stays_readable(shelf, clock):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t1")
+    clock.advance(60)
+    before_the_move = shelf.now()
+    clock.advance(60)
+    shelf.log_message(KALEB, "t1", "user", "I moved to Lisbon last spring.")
+
+    plan = shelf.learn(KALEB, thread="t1")
+
+    assert [(p.op, p.key, p.value) for p in plan.applied] == [("set_fact", "home_city", "Lisbon")]
+    assert "'Porto'" in plan.applied[0].reason
+    assert fact(shelf, "home_city") == "Lisbon"
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Porto", "Lisbon"]
+    assert [f.value for f in shelf.facts(KALEB, as_of=before_the_move)] == ["Porto"]
+    assert "Porto" in shelf.build_prompt("base", KALEB, "", as_of=before_the_move)
+
+
+def test_learning_again_reads_only_what_is_new(shelf, clock):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    first = shelf.learn(KALEB, thread="t1")
+    again = shelf.learn(KALEB, thread="t1")
+    assert again.messages == () and again.proposals == () and again.watermark == first.watermark
+    history = shelf.fact_history(KALEB, "home_city")
+
+    clock.advance(1)
+    shelf.log_message(KALEB, "t1", "user", "My dog is called Rex.")
+    later = shelf.learn(KALEB, thread="t1")
+
+    assert len(later.messages) == 1 and later.watermark == later.messages[0] != first.watermark
+    assert shelf.fact_history(KALEB, "home_city") == history  # Porto was not read, nor written, again
+    assert shelf.learn(KALEB, thread="t2").watermark is None  # another thread has its own watermark
+
+
+def test_a_dry_run_writes_nothing_and_moves_no_watermark(shelf):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+    before = records(shelf)
+
+    plan = shelf.learn(KALEB, thread="t1", dry_run=True)
+
+    assert plan.dry_run and {p.op for p in plan.applied} == {"set_fact", "remember"}
+    assert all(p.record is None for p in plan.proposals) and plan.watermark is None
+    assert records(shelf) == before
+    applied = shelf.learn(KALEB, thread="t1")  # the same messages are still new
+    assert len(applied.messages) == 1 and fact(shelf, "home_city") == "Porto"
+
+
+def test_a_failing_extractor_writes_nothing_and_the_retry_learns_the_same_messages(shelf):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    flaky = Flaky()
+    before = records(shelf)
+
+    with pytest.raises(ExtractorError, match="flaky.*TimeoutError.*watermark did not move"):
+        shelf.learn(KALEB, thread="t1", extractor=flaky)
+
+    assert records(shelf) == before and shelf.store.learn_mark(KALEB, "t1") is None
+    plan = shelf.learn(KALEB, thread="t1", extractor=flaky)
+    assert len(plan.messages) == 1 and fact(shelf, "home_city") == "Porto"
+
+
+def test_an_extractor_that_returns_garbage_is_an_extractor_error(shelf):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    with pytest.raises(ExtractorError, match="must return a list of Proposal"):
+        shelf.learn(KALEB, thread="t1", extractor=Scripted(lambda turns: "home_city=Porto"))  # type: ignore
+    assert shelf.store.learn_mark(KALEB, "t1") is None
+
+
+def test_a_guess_cannot_retire_what_the_user_stated(shelf):
+    stated = shelf.remember(KALEB, "diet", "Kaleb is vegetarian.")
+    shelf.log_message(KALEB, "t1", "user", "I had a burger yesterday.")
+    guess = Scripted(lambda turns: [Proposal("supersede", "inferred", (turns[0].id,), topic="diet",
+                                             content="Kaleb eats meat.", replaces=stated.id)])
+
+    plan = shelf.learn(KALEB, thread="t1", extractor=guess)
+
+    assert [p.op for p in plan.proposals] == ["skip"]
+    assert "stated" in plan.proposals[0].reason and "cannot retire" in plan.proposals[0].reason
+    assert shelf.get(KALEB, stated.id).superseded_at is None
+    assert [h.memory.content for h in shelf.search(KALEB, "Kaleb")] == ["Kaleb is vegetarian."]
+
+
+def test_a_statement_supersedes_and_the_old_memory_stays_in_the_past(shelf, clock):
+    old = shelf.remember(KALEB, "work", "Kaleb works at Acme.")
+    clock.advance(60)
+    before = shelf.now()
+    clock.advance(60)
+    shelf.log_message(KALEB, "t1", "user", "I left Acme, I work at Globex now.")
+    told = Scripted(lambda turns: [Proposal("supersede", "stated", (turns[0].id,), topic="work",
+                                            content="Kaleb works at Globex.", replaces=old.id)])
+
+    plan = shelf.learn(KALEB, thread="t1", extractor=told)
+
+    [applied] = plan.applied
+    assert applied.op == "supersede" and f"closes {old.id}" in applied.reason
+    closed = shelf.get(KALEB, old.id)
+    assert (closed.content, closed.superseded_by, closed.superseded_at) == ("Kaleb works at Acme.", applied.record,
+                                                                           shelf.now())
+    assert [h.memory.content for h in shelf.search(KALEB, "Kaleb works")] == ["Kaleb works at Globex."]
+    assert "Acme" not in shelf.build_prompt("base", KALEB, "where does Kaleb work")
+    assert {h.memory.content for h in shelf.search(KALEB, "Kaleb works", include_superseded=True)} == {
+        "Kaleb works at Acme.", "Kaleb works at Globex."}
+    assert [h.memory.content for h in shelf.search(KALEB, "Kaleb works", as_of=before)] == ["Kaleb works at Acme."]
+    assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["Kaleb works at Globex."]
+
+
+@pytest.mark.parametrize("mode", ["semantic", "hybrid"])
+def test_meaning_search_skips_a_superseded_memory_too(open_shelf, clock, mode):
+    """Vector search as well as keywords: on SQLite the owner's cached vector matrix is refreshed when a memory is
+    closed; on PostgreSQL the exact scan drops closed rows."""
+    shelf = open_shelf(embedder=HashEmbedder(), clock=clock)
+    old = shelf.remember(KALEB, "work", "Kaleb works at Acme as a welder.")
+    clock.advance(60)
+    before = shelf.now()
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode)] == [old.id]  # cached now
+    clock.advance(60)
+    shelf.log_message(KALEB, "t1", "user", "I work at Globex now.")
+    told = Scripted(lambda turns: [Proposal("supersede", "stated", (turns[0].id,), topic="work",
+                                            content="Kaleb works at Globex as a welder.", replaces=old.id)])
+    [applied] = shelf.learn(KALEB, thread="t1", extractor=told).applied
+
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode)] == [applied.record]
+    assert {h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode, include_superseded=True)} == {
+        old.id, applied.record}
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode, as_of=before)] == [old.id]
+
+
+def test_another_owners_memory_cannot_be_superseded(shelf):
+    theirs = shelf.remember(MAYA, "work", "Maya works at Acme.")
+    shelf.log_message(KALEB, "t1", "user", "Maya quit.")
+    grab = Scripted(lambda turns: [Proposal("supersede", "stated", (turns[0].id,), topic="work",
+                                            content="Maya quit Acme.", replaces=theirs.id)])
+
+    plan = shelf.learn(KALEB, thread="t1", extractor=grab)
+
+    assert [p.op for p in plan.proposals] == ["skip"] and "is not a memory of home/kaleb" in plan.proposals[0].reason
+    assert shelf.get(MAYA, theirs.id).superseded_at is None and shelf.list_memories(KALEB)[0] == []
+
+
+def test_evidence_must_come_from_the_messages_read(shelf):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    forged = Scripted(lambda turns: [Proposal("set_fact", "mined", ("msg_0000000000000000",), key="home_city",
+                                              value="Atlantis")])
+    plan = shelf.learn(KALEB, thread="t1", extractor=forged)
+    assert plan.applied == () and "not read in this call" in plan.proposals[0].reason
+    assert fact(shelf, "home_city") is None
+
+
+def test_two_values_for_one_key_in_one_plan_apply_in_order(shelf):
+    shelf.log_message(KALEB, "t1", "user", "I lived in Porto, then I moved to Braga, and now I live in Lisbon.")
+    moves = Scripted(lambda turns: [Proposal("set_fact", "mined", (turns[0].id,), key="home_city", value=city)
+                                    for city in ("Braga", "Lisbon", "Lisbon")])
+    plan = shelf.learn(KALEB, thread="t1", extractor=moves)
+    assert [p.op for p in plan.proposals] == ["set_fact", "set_fact", "skip"]
+    assert fact(shelf, "home_city") == "Lisbon"
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Braga", "Lisbon"]
+
+
+def test_remembering_what_is_already_known_counts_as_seen_again(shelf):
+    mine = shelf.remember(KALEB, "noted", "Kaleb takes the 8:15 train", source="stated")
+    shelf.log_message(KALEB, "t1", "user", "Remember that Kaleb takes the 8:15 train.")
+    again = Scripted(lambda turns: [Proposal("remember", "stated", (turns[0].id,), topic="noted",
+                                             content="Kaleb takes the 8:15 train")])
+    plan = shelf.learn(KALEB, thread="t1", extractor=again)
+    [applied] = plan.applied
+    assert applied.record == mine.id and "seen again" in applied.reason
+    assert shelf.get(KALEB, mine.id).observations == 2
+    assert shelf.evidence(KALEB, memory_id=mine.id) == []  # the caller's memory stays the caller's
+
+
+def test_turns_passed_directly_touch_no_watermark(shelf):
+    plan = shelf.learn(KALEB, [{"role": "user", "content": "I live in Porto.", "id": "x1"}])
+    assert plan.thread is None and plan.watermark is None and fact(shelf, "home_city") == "Porto"
+    assert shelf.store.learn_marks(KALEB) == {}
+    assert [(e.message_id, e.thread) for e in shelf.evidence(KALEB, key="home_city")] == [("x1", None)]
+
+
+def test_a_long_thread_is_learned_in_parts(shelf, monkeypatch):
+    monkeypatch.setattr(_decide, "MAX_TURNS", 2)
+    for city in ("Porto", "Braga", "Faro"):
+        shelf.log_message(KALEB, "t1", "user", f"I live in {city}.")
+    first = shelf.learn(KALEB, thread="t1")
+    assert len(first.messages) == 2 and first.more and fact(shelf, "home_city") == "Braga"
+    rest = shelf.learn(KALEB, thread="t1")
+    assert len(rest.messages) == 1 and not rest.more and fact(shelf, "home_city") == "Faro"
+
+
+def test_forget_thread_with_cascade_takes_only_what_came_only_from_it(shelf, clock):
+    shelf.log_message(KALEB, "work", "user", "I work at Acme. I live in Porto.")
+    shelf.learn(KALEB, thread="work")
+    shelf.log_message(KALEB, "home", "user", "I live in Porto. I have a dog named Rex.")
+    shelf.learn(KALEB, thread="home")
+    written = shelf.remember(KALEB, "work", "Kaleb's desk is by the window.")
+
+    erased = shelf.forget_thread(KALEB, "work", cascade=True)
+
+    assert erased.messages == 1 and erased.facts == 1  # the employer; home_city was said in both threads
+    assert fact(shelf, "employer") is None and shelf.fact_history(KALEB, "employer") == []
+    assert fact(shelf, "home_city") == "Porto"
+    assert [e.thread for e in shelf.evidence(KALEB, key="home_city")] == ["home"]
+    assert shelf.get(KALEB, written.id).content == "Kaleb's desk is by the window."
+    assert shelf.messages(KALEB, "work") == [] and shelf.store.learn_mark(KALEB, "work") is None
+    assert shelf.store.learn_mark(KALEB, "home") is not None
+
+
+def test_forget_user_leaves_nothing_learned_behind(shelf):
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+    shelf.learn(KALEB, thread="t1")
+    shelf.log_message(MAYA, "t1", "user", "I live in Faro.")
+    shelf.learn(MAYA, thread="t1")
+    shelf.forget_user(KALEB)
+    assert shelf.store.learn_marks(KALEB) == {} and shelf.store.evidence(KALEB, None, None) == []
+    assert [r["kind"] for r in records(shelf)] == ["memshelf-export"]
+    assert shelf.store.learn_marks(MAYA) and shelf.store.evidence(MAYA, None, None)
+
+
+def _run_sql(backend: str, target: str, statement: str) -> None:
+    """Change the database behind memshelf's back (as the test server's superuser on PostgreSQL)."""
+    if backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as conn:
+            conn.execute(statement)
+        return
+    import psycopg
+
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+_REFUSE_MARKS = {
+    "sqlite": "CREATE TRIGGER refuse_marks BEFORE INSERT ON learn_marks BEGIN SELECT RAISE(ABORT, 'disk says no'); END",
+    "postgres": "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION"
+                " 'disk says no'; END $$; CREATE TRIGGER refuse_marks BEFORE INSERT ON learn_marks FOR EACH ROW"
+                " EXECUTE FUNCTION refuse()",
+}
+
+
+def test_a_failure_at_the_end_of_a_plan_writes_none_of_it(shelf, backend, target):
+    """The watermark is the plan's last write: when the database refuses it, the facts, memories and evidence
+    written before it in the same transaction are gone too, and the next call learns the same messages."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+    _run_sql(backend, target, _REFUSE_MARKS[backend])
+
+    with pytest.raises(MemshelfError, match="disk says no"):
+        shelf.learn(KALEB, thread="t1")
+
+    assert shelf.facts(KALEB) == [] and shelf.list_memories(KALEB)[0] == []
+    assert shelf.store.evidence(KALEB, None, None) == [] and shelf.store.learn_mark(KALEB, "t1") is None
+    _run_sql(backend, target, "DROP TRIGGER refuse_marks" + (" ON learn_marks" if backend == "postgres" else ""))
+    plan = shelf.learn(KALEB, thread="t1")
+    assert len(plan.messages) == 1 and fact(shelf, "home_city") == "Porto" and shelf.list_memories(KALEB)[0]
+
+
+def test_a_failed_write_leaves_no_record_and_no_watermark(tmp_path):
+    """The transaction cannot start (another process holds the file's write lock): nothing is written, the watermark
+    stays, and learning again once the lock is gone reads the same messages."""
+    path = str(tmp_path / "shelf.db")
+    with Shelf(SQLiteStore(path, busy_timeout_ms=50), embedder=None) as shelf:
+        shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(Exception, match="busy"):
+                shelf.learn(KALEB, thread="t1")
+            other.execute("ROLLBACK")
+        assert shelf.facts(KALEB) == [] and shelf.store.learn_mark(KALEB, "t1") is None
+        assert len(shelf.learn(KALEB, thread="t1").messages) == 1 and fact(shelf, "home_city") == "Porto"
+
+
+def test_migrate_copies_what_learning_keeps(tmp_path, target, clock):
+    """A SQLite file with learned records, a superseded memory, evidence and watermarks, copied to each backend:
+    the copy is verified record by record (the export's lines), so each of them is there, as it was."""
+    source = str(tmp_path / "source.db")
+    with Shelf.open(source, embedder=None, clock=clock) as shelf:
+        old = shelf.remember(KALEB, "work", "Kaleb works at Acme.")
+        shelf.log_message(KALEB, "t1", "user", "I live in Porto. I work at Globex now.")
+        told = Scripted(lambda turns: [Proposal("supersede", "stated", (turns[0].id,), topic="work",
+                                                content="Kaleb works at Globex.", replaces=old.id),
+                                       Proposal("set_fact", "mined", (turns[0].id,), key="home_city", value="Porto")])
+        shelf.learn(KALEB, thread="t1", extractor=told)
+        exported = records(shelf)
+
+    report = migrate(source, target).as_dict()
+
+    assert report["copied"] == {"memories": 2, "facts": 1, "fact_changes": 1, "messages": 1, "evidence": 2,
+                                "learn_marks": 1}
+    assert report["verified"]["home/kaleb"]["evidence"] == 2
+    with Shelf.open(target, embedder=None, clock=clock) as copy:
+        assert records(copy) == exported
+        assert copy.get(KALEB, old.id).superseded_by is not None
+        assert copy.learn(KALEB, thread="t1").messages == ()  # the watermark came along
