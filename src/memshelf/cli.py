@@ -360,6 +360,7 @@ def _print_plan(plan: Plan) -> None:
     verb = "would apply" if plan.dry_run else "applied"
     where = f"watermark {plan.watermark}" if plan.watermark else "no watermark"
     note = " (dry run: nothing written, the watermark stays)" if plan.dry_run else ""
+    note += "; more turns wait: run learn again" if plan.more else ""
     out.print(Text(f"{verb} {len(plan.applied)}, skipped {len(plan.skipped)}, {where}{note}"))
 
 
