@@ -246,6 +246,12 @@ def test_learn_from_a_file_prints_user_text_as_it_is(tmp_path):
     assert "motto: closing [/] tag" in ok(tmp_path, "facts").stdout
 
 
+def test_an_unknown_extractor_creates_no_database(tmp_path):
+    proc = run(tmp_path, "learn", "--thread", "t1", "--extractor", "psychic")
+    assert proc.returncode == 1 and "registered extractors are rules" in proc.stderr
+    assert not (tmp_path / "memory.db").exists()
+
+
 @pytest.mark.parametrize("content,needle", [
     ('{"role": "user", "content": "I live in Porto."}\n{"role": "user", "content": \n', "line 2 of"),
     ('["user", "I live in Porto."]\n', "line 1 of"),

@@ -281,8 +281,9 @@ def learn(ctx: typer.Context,
         raise MemshelfError("learn from either FILE (JSON Lines of turns) or --thread NAME, not both and not "
                             "neither")
     turns = None if file is None else _read_turns(file)
+    chosen, owner = _extractor(extractor), s.owner()  # checked before a database is opened (or created)
     with _shelf(ctx) as shelf:
-        plan = shelf.learn(s.owner(), turns, thread=thread, extractor=_extractor(extractor), dry_run=dry_run)
+        plan = shelf.learn(owner, turns, thread=thread, extractor=chosen, dry_run=dry_run)
     if s.as_json or as_json:
         _emit_json(plan)
     else:
