@@ -519,7 +519,8 @@ class Shelf:
         plan in one transaction.
 
         messages: turns given directly, like [{"role": "user", "content": "I moved to Lisbon.", "at": when}]; or
-        thread: the name of a logged thread, whose messages are read.
+        thread: the name of a logged thread, whose messages after its watermark are read (at most 1,000; Plan.more
+        says when more wait). The watermark moves with the plan's writes, never in a dry run or on a failure.
         extractor: "rules" (the default, or MEMSHELF_EXTRACTOR), "ollama:MODEL", "openai:MODEL", or an Extractor.
         The plan lists every proposal with the decision taken on it and why (see README, "Learning")."""
         owner = _check_owner(owner)
