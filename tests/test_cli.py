@@ -100,6 +100,9 @@ def test_keys(tmp_path):
     (["forget", "m_0000"], "no memory"),
     (["import", "/nonexistent/file.jsonl"], "cannot read"),
     (["backfill"], "needs an embedder"),
+    (["learn"], "--thread"),
+    (["learn", "--thread", "t1", "--extractor", "psychic"], "--extractor psychic: unknown extractor"),
+    (["learn", "/nonexistent/turns.jsonl"], "cannot read"),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, args, needle):
     proc = run(tmp_path, *args)
@@ -115,7 +118,8 @@ def test_missing_owner_says_what_to_do(tmp_path):
 
 def test_every_command_has_help(tmp_path):
     names = ["remember", "search", "context", "prompt", "facts", "set-fact", "forget", "forget-user", "purge",
-             "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages"]
+             "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages", "learn",
+             "forget-thread"]
     for name in names:
         proc = ok(tmp_path, name, "--help")
         assert "Usage" in proc.stdout and len(proc.stdout) > 100, name
@@ -126,6 +130,18 @@ def test_demo_without_an_embedder_says_so(tmp_path):
     assert "0.4  [network] The printer might be on the guest network." in proc.stdout
     assert "['printer', 'address']" in proc.stdout
     assert "keyword search only" in proc.stdout
+
+
+def test_demo_ends_with_learning_a_conversation_and_a_move(tmp_path):
+    scene = ok(tmp_path, "demo").stdout.split("$ log a conversation", 1)[1]
+    first, rest = scene.split("$ one more turn", 1)
+    second, known = rest.split("$ the facts now", 1)
+    assert rows_of(first) == [["set_fact", "mined", "home_city = Porto"],
+                              ["remember", "mined", "health: The user is allergic to peanuts."]]
+    assert rows_of(second) == [["set_fact", "mined", "home_city = Lisbon"]]
+    assert "fact   home_city = Lisbon (mined)" in known and "fact   user_name = Kaleb (stated)" in known
+    assert "memory [health] The user is allergic to peanuts. (mined, 0.6)" in known
+    assert "home_city history: Porto -> Lisbon" in known
 
 
 @pytest.mark.slow
@@ -146,3 +162,108 @@ def test_migrate_copies_and_verifies(tmp_path):
     assert ok(tmp_path, "export").stdout == ok(tmp_path, "export", env={"MEMSHELF_DB": str(dest)}).stdout
     same = run(tmp_path, "migrate", str(dest), str(dest))
     assert same.returncode == 1 and "two different stores" in same.stderr
+
+
+# ---------------------------------------------------------------- learning
+HELLO = ("Hi, I'm Kaleb.", "I live in Porto.", "I'm allergic to peanuts.")
+
+
+def rows_of(table: str) -> list[list[str]]:
+    """The op, source and what of each row of a printed plan (the why column wraps, so it is left out)."""
+    rows = []
+    for line in table.splitlines():
+        cells = line.strip().split("  ")
+        if cells[0] in ("set_fact", "remember", "supersede", "skip"):
+            rows.append([cell.strip() for cell in cells if cell.strip()][:3])
+    return rows
+
+
+def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path, target):
+    def cli(*args):
+        return ok(tmp_path, "--db", target, *args)
+
+    said = [cli("log", "t1", "user", content).stdout.strip() for content in HELLO]
+    said.append(cli("log", "t1", "assistant", "Noted: you live in Madrid.").stdout.strip())  # says nothing of the user
+
+    preview = cli("learn", "--thread", "t1", "--dry-run").stdout
+    assert rows_of(preview) == [["set_fact", "mined", "home_city = Porto"],
+                                ["remember", "mined", "health: The user is allergic to peanuts."]]
+    assert "would apply 2, skipped 0, no watermark" in preview and "nothing written" in preview
+    assert json.loads(cli("--json", "facts").stdout) == []
+    assert "no matches" in run(tmp_path, "--db", target, "search", "peanuts").stderr
+
+    plan = json.loads(cli("learn", "--thread", "t1", "--json").stdout)
+    assert plan["thread"] == "t1" and plan["extractor"] == "rules" and plan["dry_run"] is False
+    assert plan["messages"] == said and plan["watermark"] == said[-1]
+    assert [(p["op"], p["key"], p["value"], p["source"], p["evidence"]) for p in plan["proposals"]] == [
+        ("set_fact", "home_city", "Porto", "mined", [said[1]]), ("remember", None, None, "mined", [said[2]])]
+    memory_id = plan["proposals"][1]["record"]
+    assert [(f["key"], f["value"], f["source"]) for f in json.loads(cli("--json", "facts").stdout)] == [
+        ("home_city", "Porto", "mined")]
+    hits = json.loads(cli("--json", "search", "peanuts").stdout)["hits"]
+    assert [(h["memory"]["id"], h["memory"]["content"]) for h in hits] == [
+        (memory_id, "The user is allergic to peanuts.")]
+
+    again = cli("learn", "--thread", "t1").stdout
+    assert again.splitlines() == ["nothing to learn", f"applied 0, skipped 0, watermark {said[-1]}"]
+    moved_id = cli("log", "t1", "user", "I moved to Lisbon last month.").stdout.strip()
+    moved = json.loads(cli("--json", "learn", "--thread", "t1").stdout)
+    assert moved["messages"] == [moved_id] and moved["watermark"] == moved_id
+    assert [(p["op"], p["key"], p["value"]) for p in moved["proposals"]] == [("set_fact", "home_city", "Lisbon")]
+    history = json.loads(cli("--json", "facts", "--history", "home_city").stdout)
+    assert [h["value"] for h in history] == ["Porto", "Lisbon"]
+
+    cli("set-fact", "user_name", "Kaleb")  # written by the caller: no thread's to erase
+    erased = json.loads(cli("--json", "forget-thread", "t1", "--cascade").stdout)
+    assert erased == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 5, "scrub_pending": False}
+    assert [f["key"] for f in json.loads(cli("--json", "facts").stdout)] == ["user_name"]
+    assert json.loads(cli("--json", "search", "peanuts").stdout)["hits"] == []
+
+
+def test_forget_thread_without_cascade_keeps_what_was_learned(tmp_path):
+    ok(tmp_path, "log", "t2", "user", "I live in Porto.")
+    ok(tmp_path, "learn", "--thread", "t2")
+    assert ok(tmp_path, "forget-thread", "t2").stdout.startswith("erased 0 memories, 0 facts, 0 fact_changes, "
+                                                                 "1 messages")
+    assert json.loads(ok(tmp_path, "--json", "messages", "t2").stdout) == []
+    assert "home_city: Porto" in ok(tmp_path, "facts").stdout
+
+
+def test_learn_from_a_file_prints_user_text_as_it_is(tmp_path):
+    turns = tmp_path / "turns.jsonl"
+    lines = [{"role": "user", "content": "Remember that the [b]x[/b] closing [/] tag matters.", "id": "m1",
+              "at": "2026-05-01T09:30:00Z"},
+             {"role": "assistant", "content": "I live in [red]Mars[/red]."}, {"role": "user", "content": "ok"}]
+    turns.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n", encoding="utf-8")
+    shown = ok(tmp_path, "learn", str(turns)).stdout
+    assert "noted: The [b]x[/b] closing [/] tag matters" in shown and "Mars" not in shown
+    assert "applied 1, skipped 0" in shown
+    plan = json.loads(ok(tmp_path, "learn", str(turns), "--dry-run", "--json").stdout)
+    assert [(p["op"], p["evidence"], p["reason"]) for p in plan["proposals"]] == [
+        ("skip", ["m1"], "already remembered")]
+    assert "[b]x[/b]" in ok(tmp_path, "search", "tag").stdout
+    ok(tmp_path, "set-fact", "motto", "closing [/] tag")
+    assert "motto: closing [/] tag" in ok(tmp_path, "facts").stdout
+
+
+def test_an_unknown_extractor_creates_no_database(tmp_path):
+    proc = run(tmp_path, "learn", "--thread", "t1", "--extractor", "psychic")
+    assert proc.returncode == 1 and "registered extractors are rules" in proc.stderr
+    assert not (tmp_path / "memory.db").exists()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"role": "user", "content": "I live in Porto."}\n{"role": "user", "content": \n', "line 2 of"),
+    ('["user", "I live in Porto."]\n', "line 1 of"),
+    ('{"role": "user"}\n', "needs a string role and content"),
+    ('{"role": "user", "content": "I live in Porto.", "at": "2026-05-01 09:30"}\n', "with a time zone"),
+    ("\n\n", "holds no turns"),
+    (b"\xff\xfe{}", "UTF-8"),
+])
+def test_a_bad_turns_file_is_one_line_naming_the_line(tmp_path, content, needle):
+    turns = tmp_path / "turns.jsonl"
+    turns.write_bytes(content if isinstance(content, bytes) else content.encode())
+    proc = run(tmp_path, "learn", str(turns))
+    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert json.loads(ok(tmp_path, "--json", "facts").stdout) == []

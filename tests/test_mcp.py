@@ -5,6 +5,7 @@ plus a schemathesis run against the HTTP API's OpenAPI spec."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,10 +23,10 @@ from mcp_types import TextContent
 from test_server import LiveServer, bearer
 
 from memshelf import Shelf
-from memshelf.mcp import MAX_RECALL, MAX_SHOWN_CHARS
+from memshelf.mcp import MAX_LEARN_TURNS, MAX_RECALL, MAX_SHOWN_CHARS
 from memshelf.server import create_app
 
-TOOLS = {"remember", "recall", "context", "forget", "set_fact", "facts"}
+TOOLS = {"remember", "recall", "context", "forget", "set_fact", "facts", "learn"}
 Session = Callable[[], Any]
 
 
@@ -39,7 +40,9 @@ def mcp_command(db: Path, tenant: str, user: str, entry: str = "module") -> list
 
 @asynccontextmanager
 async def stdio_session(db: Path, tenant: str, user: str, entry: str = "module") -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=sys.executable, args=mcp_command(db, tenant, user, entry))
+    # The SDK passes the server a minimal environment: PYTHONPATH makes it run the code under test.
+    params = StdioServerParameters(command=sys.executable, args=mcp_command(db, tenant, user, entry),
+                                   env={"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -81,6 +84,8 @@ async def check_tool_listing(session: ClientSession) -> None:
     assert tools["recall"].input_schema["properties"]["limit"]["type"] == "integer"
     assert tools["forget"].input_schema["required"] == ["memory_id"]
     assert tools["facts"].input_schema["properties"]["limit"]["maximum"] == 100
+    assert set(tools["learn"].input_schema["properties"]) == {"messages", "thread", "dry_run"}
+    assert tools["learn"].input_schema["properties"]["messages"]["anyOf"][0]["maxItems"] == MAX_LEARN_TURNS
 
 
 async def check_remember_then_recall(session: ClientSession) -> None:
@@ -114,6 +119,36 @@ async def check_bounds_and_errors(session: ClientSession) -> None:
     assert hit["truncated"] and len(hit["content"]) == MAX_SHOWN_CHARS
 
 
+HELLO = [{"role": "user", "content": "Hi, I'm Kaleb."}, {"role": "user", "content": "I live in Porto."},
+         {"role": "assistant", "content": "Noted: you live in Madrid."},
+         {"role": "user", "content": "I'm allergic to peanuts."}]
+
+
+async def check_learn(session: ClientSession) -> None:
+    preview = await call(session, "learn", messages=HELLO, dry_run=True)
+    assert preview["dry_run"] is True and (preview["applied"], preview["skipped"]) == (2, 0)
+    assert [(p["op"], p["key"], p["value"], p["topic"], p["content"], p["source"]) for p in preview["proposals"]] == [
+        ("set_fact", "home_city", "Porto", None, None, "mined"),
+        ("remember", None, None, "health", "The user is allergic to peanuts.", "mined")]
+    before = (await call(session, "facts"))["facts"]
+    assert "home_city" not in {f["key"] for f in before}
+
+    applied = await call(session, "learn", messages=HELLO)
+    assert applied["applied"] == 2 and applied["proposals"][1]["record"].startswith("m_")
+    after = (await call(session, "facts"))["facts"]
+    assert [(f["key"], f["value"], f["source"]) for f in after] == [("home_city", "Porto", "mined")] + [
+        (f["key"], f["value"], f["source"]) for f in before]
+    hits = (await call(session, "recall", question="peanuts"))["hits"]
+    assert [h["id"] for h in hits] == [applied["proposals"][1]["record"]]
+    again = await call(session, "learn", messages=HELLO)
+    assert again["applied"] == 0 and {p["op"] for p in again["proposals"]} == {"skip"}
+
+    assert "not both" in await call_error(session, "learn", messages=HELLO, thread="t1")
+    assert "not both" in await call_error(session, "learn")
+    assert await call_error(session, "learn", messages=[])
+    assert await call_error(session, "learn", messages=[{"role": "user"}])
+
+
 def run(check: Callable[..., Awaitable[None]], opener: Callable[[], Any]) -> None:
     async def main() -> None:
         async with opener() as session:
@@ -136,12 +171,14 @@ def test_stdio_lists_remembers_recalls_and_bounds(db: Path, entry: str) -> None:
         await check_tool_listing(session)
         await check_remember_then_recall(session)
         await check_bounds_and_errors(session)
+        await check_learn(session)
 
     run(everything, lambda: stdio_session(db, "acme", "alice", entry))
     with Shelf.open(db, embedder=None) as shelf:
         from memshelf import Owner
 
-        assert shelf.facts(Owner("acme", "alice"))[0].value == "Kaleb"
+        assert {f.key: f.value for f in shelf.facts(Owner("acme", "alice"))} == {"user_name": "Kaleb",
+                                                                                  "home_city": "Porto"}
 
 
 @pytest.mark.slow
@@ -190,6 +227,35 @@ def test_http_lists_remembers_recalls_and_bounds(http: tuple[str, dict[str, str]
         await check_a_guess_keeps_the_stated_fact(session)
 
     run(everything, lambda: http_session(url, secrets["acme"], "alice"))
+
+
+def test_http_learns_a_thread_logged_through_the_rest_api(http: tuple[str, dict[str, str]]) -> None:
+    url, secrets = http
+    rest = httpx.Client(base_url=url, headers=bearer(secrets["acme"]), timeout=30)
+    for content in ("I live in Porto.", "I'm allergic to peanuts."):
+        rest.post("/v1/users/lena/messages", json={"thread": "kitchen", "role": "user", "content": content})
+
+    async def learn_the_thread(session: ClientSession) -> None:
+        await check_learn_thread(session, rest)
+
+    run(learn_the_thread, lambda: http_session(url, secrets["acme"], "lena"))
+    rest.close()
+
+
+async def check_learn_thread(session: ClientSession, rest: httpx.Client) -> None:
+    plan = await call(session, "learn", thread="kitchen")
+    assert [(p["op"], p["key"] or p["topic"]) for p in plan["proposals"]] == [("set_fact", "home_city"),
+                                                                             ("remember", "health")]
+    assert rest.get("/v1/users/lena/facts/home_city").json()["value"] == "Porto"
+    rest.post("/v1/users/lena/messages", json={"thread": "kitchen", "role": "user",
+                                                "content": "I moved to Lisbon last month."})
+    moved = await call(session, "learn", thread="kitchen")
+    assert [(p["op"], p["key"], p["value"]) for p in moved["proposals"]] == [("set_fact", "home_city", "Lisbon")]
+    assert moved["watermark"] != plan["watermark"]
+    history = rest.get("/v1/users/lena/facts/home_city/history").json()["items"]
+    assert [c["value"] for c in history] == ["Porto", "Lisbon"]
+    again = await call(session, "learn", thread="kitchen")
+    assert (again["applied"], again["proposals"], again["watermark"]) == (0, [], moved["watermark"])
 
 
 async def check_a_guess_keeps_the_stated_fact(session: ClientSession) -> None:

@@ -19,7 +19,8 @@ import httpx
 import pytest
 import uvicorn
 
-from memshelf import Shelf
+from memshelf import ExtractorError, Proposal, Shelf
+from memshelf.learning import Extractor, register_extractor
 from memshelf.server import MAX_BODY_BYTES, create_app
 
 
@@ -127,7 +128,8 @@ def test_web_page_and_api_docs_are_served(anonymous: httpx.Client) -> None:
     for path in ("/v1/users/{user}/memories", "/v1/users/{user}/memories/batch", "/v1/users/{user}/search",
                  "/v1/users/{user}/context", "/v1/users/{user}/prompt", "/v1/users/{user}/facts/{key}",
                  "/v1/users/{user}/messages", "/v1/users/{user}/export", "/v1/users/{user}/import",
-                 "/v1/admin/keys", "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
+                 "/v1/users/{user}/learn", "/v1/users/{user}/threads/{thread}", "/v1/admin/keys",
+                 "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
         assert path in paths
 
 
@@ -279,6 +281,112 @@ def test_admin_erases_a_tenant_and_purges(admin: httpx.Client, deployment: Deplo
     assert "memories" in admin.get("/v1/admin/stats").json()
 
 
+# ---------------------------------------------------------------------------------------------- learning
+
+@pytest.fixture
+def served(target: str) -> Iterator[httpx.Client]:
+    """A server on a fresh store of the backend under test, and a client with a tenant key."""
+    with Shelf.open(target, embedder=None) as shelf:
+        secret = shelf.create_key("acme")[1]
+    with LiveServer(create_app(target=target, embedder=None)) as live, \
+            httpx.Client(base_url=live.url, headers=bearer(secret), timeout=30) as client:
+        yield client
+
+
+def log(client: httpx.Client, user: str, *turns: str, thread: str = "t1", role: str = "user") -> list[str]:
+    ids = []
+    for content in turns:
+        logged = client.post(f"/v1/users/{user}/messages", json={"thread": thread, "role": role, "content": content})
+        assert logged.status_code == 201, logged.text
+        ids.append(logged.json()["id"])
+    return ids
+
+
+def learn(client: httpx.Client, user: str, **body: Any) -> dict[str, Any]:
+    response = client.post(f"/v1/users/{user}/learn", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_learn_a_thread_previews_applies_and_adds_nothing_twice(served: httpx.Client) -> None:
+    said = log(served, "kaleb", "Hi, I'm Kaleb.", "I live in Porto.", "I'm allergic to peanuts.")
+    said += log(served, "kaleb", "Noted: you live in Madrid.", role="assistant")
+
+    preview = learn(served, "kaleb", thread="t1", dry_run=True)
+    assert preview["dry_run"] is True and preview["thread"] == "t1" and preview["extractor"] == "rules"
+    assert [(p["op"], p["source"], p["key"], p["value"], p["topic"], p["content"], p["evidence"], p["record"])
+            for p in preview["proposals"]] == [
+        ("set_fact", "mined", "home_city", "Porto", None, None, [said[1]], None),
+        ("remember", "mined", None, None, "health", "The user is allergic to peanuts.", [said[2]], None)]
+    assert all(p["reason"] and p["at"] for p in preview["proposals"])
+    assert set(preview) >= {"owner", "messages", "watermark", "usage", "latency_ms"}
+    assert preview["latency_ms"] >= 0
+    assert served.get("/v1/users/kaleb/facts").json()["items"] == []
+    assert served.get("/v1/users/kaleb/memories").json()["items"] == []
+
+    applied = learn(served, "kaleb", thread="t1")
+    memory_id = applied["proposals"][1]["record"]
+    assert [p["op"] for p in applied["proposals"]] == ["set_fact", "remember"] and memory_id.startswith("m_")
+    assert [(f["key"], f["value"], f["source"]) for f in served.get("/v1/users/kaleb/facts").json()["items"]] == [
+        ("home_city", "Porto", "mined")]
+    hits = served.post("/v1/users/kaleb/search", json={"question": "peanuts"}).json()["hits"]
+    assert [(h["memory"]["id"], h["memory"]["confidence"]) for h in hits] == [(memory_id, 0.6)]
+
+    assert applied["messages"] == said and applied["watermark"] == said[-1] and preview["watermark"] is None
+    again = learn(served, "kaleb", thread="t1")
+    assert (again["proposals"], again["messages"], again["watermark"]) == ([], [], applied["watermark"])
+    moved_id = log(served, "kaleb", "I moved to Lisbon last month.")[0]
+    moved = learn(served, "kaleb", thread="t1")
+    assert moved["messages"] == [moved_id] and moved["watermark"] == moved_id
+    assert [(p["op"], p["key"], p["value"], p["evidence"]) for p in moved["proposals"]] == [
+        ("set_fact", "home_city", "Lisbon", [moved_id])]
+    history = served.get("/v1/users/kaleb/facts/home_city/history").json()["items"]
+    assert [c["value"] for c in history] == ["Porto", "Lisbon"]
+    assert served.get("/v1/users/someone_else/facts").json()["items"] == []
+
+    kept = served.delete("/v1/users/kaleb/threads/t1")
+    assert kept.status_code == 200 and kept.json()["messages"] == 5 and kept.json()["memories"] == 0
+    assert served.get("/v1/users/kaleb/facts/home_city").json()["value"] == "Lisbon"
+    log(served, "kaleb", "I'm vegetarian.", thread="t2")
+    assert learn(served, "kaleb", thread="t2")["proposals"][0]["op"] in ("remember", "set_fact")
+    erased = served.delete("/v1/users/kaleb/threads/t2", params={"cascade": "true"}).json()
+    assert erased["messages"] == 1 and erased["memories"] + erased["facts"] == 1
+    assert served.get("/v1/users/kaleb/messages", params={"thread": "t2"}).json()["items"] == []
+
+
+def test_learn_turns_given_in_the_body(acme: httpx.Client) -> None:
+    turns = [{"role": "user", "content": "My name is Lin.", "id": "c1", "at": "2026-05-01T09:30:00+02:00"},
+             {"role": "assistant", "content": "Hello Lin, you live in Oslo."},
+             {"role": "user", "content": "Remember that the [b]x[/b] closing [/] tag matters."}]
+    plan = learn(acme, "lin", messages=turns)
+    assert plan["thread"] is None and plan["messages"] == []
+    assert [(p["op"], p["key"], p["value"], p["evidence"], p["at"]) for p in plan["proposals"]][0] == (
+        "set_fact", "user_name", "Lin", ["c1"], "2026-05-01T07:30:00Z")
+    assert plan["proposals"][1]["source"] == "stated"
+    assert plan["proposals"][1]["content"] == "The [b]x[/b] closing [/] tag matters"
+    assert acme.get("/v1/users/lin/facts/user_name").json()["value"] == "Lin"
+
+
+class Unreachable(Extractor):
+    """An extractor whose model service is down, as a model extractor reports it."""
+
+    name = "unreachable"
+
+    def propose(self, turns: Any, known: Any = None) -> list[Proposal]:
+        raise ExtractorError("the model service at http://127.0.0.1:9 refused the connection: start it, or "
+                             "choose another extractor")
+
+
+def test_an_extractor_that_fails_is_502_and_writes_nothing(acme: httpx.Client) -> None:
+    register_extractor("test-unreachable", lambda model: Unreachable())
+    log(acme, "mo", "I live in Porto.")
+    error = assert_error(acme.post("/v1/users/mo/learn", json={"thread": "t1", "extractor": "test-unreachable"}),
+                         502, "extractor_error")
+    assert "refused" in error["message"]
+    assert acme.get("/v1/users/mo/facts").json()["items"] == []
+    assert learn(acme, "mo", thread="t1", extractor="rules")["proposals"][0]["value"] == "Porto"
+
+
 # ---------------------------------------------------------------------------------------------- authentication
 
 @pytest.mark.parametrize("headers", [
@@ -396,6 +504,22 @@ BAD_INPUT = [
      "validation_error"),
     ("import-empty", "POST", "/v1/users/u/import", b"", 422, "invalid_input"),
     ("import-bad-record", "POST", "/v1/users/u/import", b'{"kind": "memory", "id": "m_1"}\n', 422, "invalid_input"),
+    ("learn-neither", "POST", "/v1/users/u/learn", {"dry_run": True}, 422, "invalid_input"),
+    ("learn-both", "POST", "/v1/users/u/learn", {"thread": "t", "messages": [{"role": "user", "content": "hi"}]},
+     422, "invalid_input"),
+    ("learn-no-messages", "POST", "/v1/users/u/learn", {"messages": []}, 422, "validation_error"),
+    ("learn-turn-without-role", "POST", "/v1/users/u/learn", {"messages": [{"content": "I live in Porto."}]}, 422,
+     "validation_error"),
+    ("learn-naive-time", "POST", "/v1/users/u/learn", {"messages": [{"role": "user", "content": "I live in Porto.",
+                                                                     "at": "2026-05-01T09:30:00"}]}, 422,
+     "validation_error"),
+    ("learn-time-out-of-range", "POST", "/v1/users/u/learn", {"messages": [
+        {"role": "user", "content": "I live in Porto.", "at": "0001-01-01T00:00:00+05:00"}]}, 422, "validation_error"),
+    ("learn-unknown-extractor", "POST", "/v1/users/u/learn", {"thread": "t", "extractor": "psychic"}, 422,
+     "invalid_input"),
+    ("learn-empty-thread", "POST", "/v1/users/u/learn", {"thread": ""}, 422, "validation_error"),
+    ("forget-thread-cascade-not-bool", "DELETE", "/v1/users/u/threads/t?cascade=maybe", None, 422,
+     "validation_error"),
     ("unknown-route", "GET", "/v1/users/u/nothing-here", None, 404, "not_found"),
     ("wrong-method", "PATCH", "/v1/users/u/memories", None, 405, "method_not_allowed"),
 ]

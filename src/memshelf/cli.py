@@ -19,11 +19,14 @@ from collections.abc import Iterator
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .embedders.base import embedder_availability, registered_providers
-from .errors import MemshelfError
+from .errors import ExtractorError, InvalidInput, MemshelfError
 from .keywords import keywords
+from .learning.base import Extractor, Plan, Proposal, resolve_extractor
 from .model import MODES, FactChange, Owner
 from .shelf import Shelf
 
@@ -215,7 +218,8 @@ def facts(ctx: typer.Context,
         return
     for row in rows:
         when = row.set_at if isinstance(row, FactChange) else row.updated_at
-        out.print(f"{row.key}: {row.value}  [dim]({row.source}, {when:%Y-%m-%d %H:%M})[/]", highlight=False)
+        out.print(f"{escape(row.key)}: {escape(row.value)}  [dim]({escape(row.source)}, {when:%Y-%m-%d %H:%M})[/]",
+                  highlight=False)
 
 
 @app.command("set-fact")
@@ -228,9 +232,9 @@ def set_fact(ctx: typer.Context, key: str, value: str,
     if s.as_json:
         _emit_json({**_plain(fact), "note": fact.note})
         return
-    out.print(f"{fact.key}: {fact.value}", highlight=False)
+    out.print(Text(f"{fact.key}: {fact.value}"))
     if fact.note:
-        err.print(f"[yellow]{fact.note}[/]", highlight=False)
+        err.print(Text(fact.note, style="yellow"))
 
 
 @app.command()
@@ -253,7 +257,112 @@ def messages(ctx: typer.Context, thread: str | None = typer.Argument(None),
         _emit_json(rows)
         return
     for m in rows:
-        out.print(f"[dim]{m.created_at:%Y-%m-%d %H:%M}[/] [{m.thread}] {m.role}: {m.content}", highlight=False)
+        out.print(f"[dim]{m.created_at:%Y-%m-%d %H:%M}[/] {escape(f'[{m.thread}] {m.role}: {m.content}')}",
+                  highlight=False)
+
+
+# ---------------------------------------------------------------- learning
+_SHORT_EXAMPLE = '{"role": "user", "content": "I live in Porto."}'
+_TURN_EXAMPLE = '{"role": "user", "content": "I live in Porto.", "at": "2026-05-01T09:30:00+00:00", "id": "m1"}'
+
+
+@app.command()
+def learn(ctx: typer.Context,
+          file: Path | None = typer.Argument(None, help="JSON Lines, one turn a line: " + _TURN_EXAMPLE
+                                                      + " (at and id optional)."),
+          thread: str | None = typer.Option(None, "--thread", help="Learn from this logged thread instead."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; write nothing."),
+          extractor: str | None = typer.Option(None, "--extractor", help="rules (offline, the default; or "
+                                               "MEMSHELF_EXTRACTOR), ollama:MODEL or openai:MODEL."),
+          as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON.")) -> None:
+    """Learn facts and memories from a conversation: the extractor proposes, memshelf decides and applies."""
+    s = _settings(ctx)
+    if (file is None) == (thread is None):
+        raise MemshelfError("learn from either FILE (JSON Lines of turns) or --thread NAME, not both and not "
+                            "neither")
+    turns = None if file is None else _read_turns(file)
+    chosen, owner = _extractor(extractor), s.owner()  # checked before a database is opened (or created)
+    with _shelf(ctx) as shelf:
+        plan = shelf.learn(owner, turns, thread=thread, extractor=chosen, dry_run=dry_run)
+    if s.as_json or as_json:
+        _emit_json(plan)
+    else:
+        _print_plan(plan)
+
+
+def _extractor(name: str | None) -> Extractor | None:
+    """The extractor --extractor names (None: the default), its errors put in the option's terms."""
+    if name is None:
+        return None
+    try:
+        return resolve_extractor(name)
+    except ExtractorError as exc:
+        raise ExtractorError(f"--extractor {name}: {exc}") from exc
+
+
+def _read_turns(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MemshelfError(f"cannot read {path}: {exc}; pass a UTF-8 JSON Lines file, one turn a line") from exc
+    turns = [_turn_of(line, number, path) for number, line in enumerate(lines, 1) if line.strip()]
+    if not turns:
+        raise InvalidInput(f"{path} holds no turns: write one a line, like {_SHORT_EXAMPLE}")
+    return turns
+
+
+def _turn_of(line: str, number: int, path: Path) -> dict[str, Any]:
+    """One line of a turns file as the mapping Shelf.learn takes, or an error naming the line and the fix."""
+    where = f"line {number} of {path}"
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"{where} is not JSON ({exc}); write one turn a line, like {_SHORT_EXAMPLE}") from None
+    if not isinstance(row, dict) or not isinstance(row.get("role"), str) or not isinstance(row.get("content"), str):
+        raise InvalidInput(f"{where} is not a turn: it needs a string role and content, like {_SHORT_EXAMPLE}")
+    turn: dict[str, Any] = {"role": row["role"], "content": row["content"]}
+    if row.get("id") is not None:
+        turn["id"] = str(row["id"])
+    if row.get("at") is not None:
+        turn["at"] = _instant(row["at"], where)
+    return turn
+
+
+def _instant(value: object, where: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise InvalidInput(f"{where}: 'at' must be an ISO 8601 time with a time zone, like "
+                           f"2026-05-01T09:30:00+00:00; got {value!r}")
+    return at
+
+
+def _what(proposal: Proposal) -> str:
+    if proposal.key is not None:
+        return f"{proposal.key} = {proposal.value}"
+    what = f"{proposal.topic}: {proposal.content}" if proposal.content is not None else ""
+    return f"{what} (replaces {proposal.replaces})" if proposal.replaces else what
+
+
+def _print_plan(plan: Plan) -> None:
+    """The plan as a table (op, source, what, why) and a summary line. User text is shown as it is, never read as
+    Rich markup."""
+    if plan.proposals:
+        table = Table(box=None)
+        for column in ("op", "source", "what", "why"):
+            table.add_column(column)
+        for p in plan.proposals:
+            table.add_row(Text(p.op), Text(p.source), Text(_what(p)), Text(p.reason))
+        out.print(table)
+    else:
+        out.print("nothing to learn", highlight=False)
+    verb = "would apply" if plan.dry_run else "applied"
+    where = f"watermark {plan.watermark}" if plan.watermark else "no watermark"
+    note = " (dry run: nothing written, the watermark stays)" if plan.dry_run else ""
+    note += "; more turns wait: run learn again" if plan.more else ""
+    out.print(Text(f"{verb} {len(plan.applied)}, skipped {len(plan.skipped)}, {where}{note}"))
 
 
 # ---------------------------------------------------------------- erasure and maintenance
@@ -266,6 +375,19 @@ def forget_user(ctx: typer.Context, yes: bool = typer.Option(False, "--yes", hel
         raise typer.Exit(1)
     with _shelf(ctx) as shelf:
         erased = shelf.forget_user(owner)
+    _emit_json(erased.as_dict()) if s.as_json else out.print(
+        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
+        + (_SCRUB_PENDING if erased.scrub_pending else ""))
+
+
+@app.command("forget-thread")
+def forget_thread(ctx: typer.Context, thread: str,
+                  cascade: bool = typer.Option(False, "--cascade", help="Also erase the memories and facts learned "
+                                               "only from this thread.")) -> None:
+    """Erase a thread's messages and its learning watermark (--cascade: and what was learned only from it)."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:
+        erased = shelf.forget_thread(s.owner(), thread, cascade=cascade)
     _emit_json(erased.as_dict()) if s.as_json else out.print(
         "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
         + (_SCRUB_PENDING if erased.scrub_pending else ""))
@@ -494,6 +616,7 @@ def _demo_story(shelf: Shelf) -> None:
     shelf.set_fact(kaleb, "favorite_language", "Python")
     print(shelf.build_prompt(DEMO_PERSONA, kaleb, DEMO_QUESTION))
     _demo_meaning(shelf)
+    _demo_learning(shelf)
 
 
 def _demo_meaning(shelf: Shelf) -> None:
@@ -513,12 +636,43 @@ def _demo_meaning(shelf: Shelf) -> None:
     print(shelf.build_prompt(DEMO_PERSONA, DEMO_OWNER, question, mode="semantic"))
 
 
+DEMO_TURNS = ("Hi, I'm Kaleb.", "I live in Porto.", "I'm allergic to peanuts.")
+DEMO_MOVE = "I moved to Lisbon last month."
+
+
+def _demo_learning(shelf: Shelf) -> None:
+    """The last scene: turns logged in a thread are learned (rules extractor, offline), then a move is learned
+    from the next turn alone and replaces the old home, which stays in the fact's history."""
+    heading = "\n[bold cyan]$ {}[/]".format
+    out.print(heading("log a conversation, then learn from it (rules extractor, offline)"))
+    learned = [*_demo_learn(shelf, DEMO_TURNS)]
+    out.print(heading("one more turn, and learn again (only the new turn is read)"))
+    learned += _demo_learn(shelf, (DEMO_MOVE,))
+    out.print(heading("the facts now, and the memories learned"))
+    for fact in shelf.facts(DEMO_OWNER):
+        out.print(Text(f"  fact   {fact.key} = {fact.value} ({fact.source})"))
+    for ident in dict.fromkeys(p.record for p in learned if p.op in ("remember", "supersede") and p.record):
+        memory = shelf.get(DEMO_OWNER, ident)
+        out.print(Text(f"  memory [{memory.topic}] {memory.content} ({memory.source}, {memory.confidence})"))
+    history = " -> ".join(change.value for change in shelf.fact_history(DEMO_OWNER, "home_city"))
+    out.print(Text(f"  home_city history: {history}"))
+
+
+def _demo_learn(shelf: Shelf, turns: tuple[str, ...]) -> tuple[Proposal, ...]:
+    for content in turns:
+        shelf.log_message(DEMO_OWNER, "kitchen", "user", content)
+        out.print(Text(f"  user: {content}"))
+    plan = shelf.learn(DEMO_OWNER, thread="kitchen", extractor="rules")
+    _print_plan(plan)
+    return plan.applied
+
+
 def main() -> None:
     """Entry point: run the app, turning memshelf's errors into one line and exit status 1."""
     try:
         app()
     except MemshelfError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one line, however long
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")

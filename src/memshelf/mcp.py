@@ -1,8 +1,9 @@
 """`memshelf mcp`: the tools an assistant calls, served with the official MCP Python SDK (`MCPServer`).
 
-Tools: remember, recall, context, forget, set_fact, facts. Every result is bounded (recall returns at most
-MAX_RECALL hits, facts at most MAX_FACTS, long contents are cut at MAX_SHOWN_CHARS) so no tool returns the whole
-store. Like the HTTP server this is thin: it resolves the owner, calls the Shelf, and formats.
+Tools: remember, recall, context, forget, set_fact, facts, learn. Every result is bounded (recall returns at most
+MAX_RECALL hits, facts at most MAX_FACTS, learn reads at most MAX_LEARN_TURNS turns given to it, long contents
+are cut at MAX_SHOWN_CHARS) so no tool returns the whole store. Like the HTTP server this is thin: it resolves
+the owner, calls the Shelf, and formats.
 
 Transports:
 - stdio: `memshelf mcp --db PATH --tenant T --user U` (or `python -m memshelf.mcp ...`); the owner may also come
@@ -28,12 +29,14 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import MemshelfError
+from .learning.base import Plan, Proposal
 from .model import MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Owner
 from .server._errors import error_response
 from .shelf import Shelf
 
 MAX_RECALL = 20
 MAX_FACTS = 100
+MAX_LEARN_TURNS = 200
 MAX_SHOWN_CHARS = 2_000
 """Longest content a listing shows; longer ones end with an ellipsis and `truncated: true`."""
 USER_HEADER = "x-memshelf-user"
@@ -46,7 +49,9 @@ OwnerResolver = Callable[[Context], Owner]
 INSTRUCTIONS = """memshelf is this user's long-term memory. Call `recall` (or `context`) before answering questions
 that may depend on what you learned earlier; call `remember` when the user tells you something worth keeping
 (one short statement per call, with a topic); use `set_fact` for keyed state such as the user's name, which has
-one current value. Facts are listed by `facts`. `forget` erases a memory by the id recall returned."""
+one current value. Facts are listed by `facts`. `forget` erases a memory by the id recall returned. `learn` reads
+conversation turns (or a logged thread) and stores the facts and memories the user stated in them; with dry_run it
+only says what it would store."""
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -93,6 +98,44 @@ class FactsResult(BaseModel):
 class Forgotten(BaseModel):
     forgotten: str
     scrub_pending: bool = False  # gone from every read; a copy may stay in the database's files a while
+
+
+class TurnArg(BaseModel):
+    role: Annotated[str, Field(min_length=1, max_length=64, description="user, assistant or tool: only the "
+                                                                        "user's own turns teach anything")]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
+
+
+class Learned(BaseModel):
+    op: str = Field(description="remember, set_fact or supersede when written (or, in a dry run, would be); skip "
+                                "when not, with the reason")
+    source: str
+    key: str | None = None
+    value: str | None = None
+    topic: str | None = None
+    content: str | None = None
+    reason: str
+    record: str | None = Field(None, description="the memory id or fact key written")
+
+
+class LearnResult(BaseModel):
+    dry_run: bool
+    applied: int = Field(description="how many proposals were written (in a dry run: would be)")
+    skipped: int
+    watermark: str | None = Field(description="the last message of the thread now learned")
+    proposals: list[Learned]
+
+
+def learned(proposal: Proposal) -> Learned:
+    value = None if proposal.value is None else shown(proposal.value)[0]
+    content = None if proposal.content is None else shown(proposal.content)[0]
+    return Learned(op=proposal.op, source=proposal.source, key=proposal.key, value=value, topic=proposal.topic,
+                   content=content, reason=shown(proposal.reason)[0], record=proposal.record)
+
+
+def learn_result(plan: Plan) -> LearnResult:
+    return LearnResult(dry_run=plan.dry_run, applied=len(plan.applied), skipped=len(plan.skipped),
+                       watermark=plan.watermark, proposals=[learned(p) for p in plan.proposals])
 
 
 def shown(text: str) -> tuple[str, bool]:
@@ -189,6 +232,18 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         """The user's current facts, most recently set first."""
         everything = _call(lambda: shelf.facts(owner(ctx)))
         return FactsResult(facts=[fact_item(f) for f in everything[:limit]], more=len(everything) > limit)
+
+    @server.tool()
+    def learn(ctx: Context,
+              messages: Annotated[list[TurnArg] | None, Field(min_length=1, max_length=MAX_LEARN_TURNS, description=(
+                  "the recent turns to learn from, oldest first; or give thread instead"))] = None,
+              thread: Annotated[str | None, Field(min_length=1, max_length=MAX_TOPIC_CHARS, description=(
+                  "a thread logged through memshelf: its messages not learned yet"))] = None,
+              dry_run: Annotated[bool, Field(description="only say what would be stored")] = False) -> LearnResult:
+        """Learn from the conversation: store the facts (name, home city, allergies, ...) and memories the user
+        stated, each with the reason it was or was not stored. A stronger source is never replaced by a weaker."""
+        turns = None if messages is None else [turn.model_dump() for turn in messages]
+        return learn_result(_call(lambda: shelf.learn(owner(ctx), turns, thread=thread, dry_run=dry_run)))
 
     return server
 

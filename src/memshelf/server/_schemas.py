@@ -6,24 +6,27 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Self, TypeVar
 from collections.abc import Callable, Collection, Mapping
 
 from fastapi import Response
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, create_model
 
+from ..learning.base import Plan, Proposal, Usage
 from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                      Message, Mode)
 from ..stores.base import ApiKey, Erased
 
-__all__ = ["MAX_BATCH", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn", "ContextOut",
-           "ErasedOut", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "MemoryIn",
-           "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PromptIn", "PromptOut", "SearchIn",
-           "SearchOut", "Strict", "erased_response", "fields_of"]
+__all__ = ["MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn",
+           "ContextOut", "ErasedOut", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut",
+           "LearnIn", "MemoryIn", "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut",
+           "PromptIn", "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict", "TurnIn", "UsageOut",
+           "erased_response", "fields_of"]
 
 MAX_SEARCH_LIMIT = 100
 MAX_BATCH = 1_000
+MAX_LEARN_TURNS = 1_000
 
 T = TypeVar("T")
 OutT = TypeVar("OutT", bound="Out")
@@ -64,12 +67,13 @@ class Out(BaseModel):
         return cls.model_validate(record)
 
 
-def fields_of(record: type, *, omit: Collection[str] = (), nested: Mapping[str, type[Out]] | None = None,
+def fields_of(record: type, *, omit: Collection[str] = (), nested: Mapping[str, Any] | None = None,
               extra: Mapping[str, tuple[Any, Any]] | None = None) -> Callable[[type[OutT]], type[OutT]]:
     """A class decorator: the response model gets the fields of a record (a dataclass of model.py), in the
     record's order, each always present in the answer; the record's docstring describes it in OpenAPI.
 
-    omit: fields the API does not show. nested: the response model of a field that is itself a record.
+    omit: fields the API does not show. nested: the response model of a field that is itself a record (or
+    `list[Model]` for a tuple of records).
     extra: fields after the record's, as (type, default or Field(...)), e.g. a property of the record."""
     def derive(cls: type[OutT]) -> type[OutT]:
         hints = typing.get_type_hints(record)
@@ -155,6 +159,47 @@ class MessageIn(Strict):
 
 @fields_of(Message)
 class MessageOut(Out):
+    pass
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """An instant with its time zone, in UTC; one that cannot be (year 1 at +05:00) is invalid input."""
+    try:
+        return None if at is None else at.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range once put in UTC") from None
+
+
+class TurnIn(Strict):
+    role: Annotated[str, Field(min_length=1, max_length=64, examples=["user"],
+                               description="only the user's own turns say anything about the user")]
+    content: Text
+    id: Annotated[str | None, Field(max_length=200, description="a message id; proposals cite it as evidence")] = None
+    at: Annotated[AwareDatetime | None, AfterValidator(_utc),
+                  Field(description="when it was said: an ISO 8601 instant with a time zone")] = None
+
+
+class LearnIn(Strict):
+    messages: list[TurnIn] | None = Field(None, min_length=1, max_length=MAX_LEARN_TURNS, description=(
+        "the turns to learn from; or give thread instead"))
+    thread: Topic | None = Field(None, description="learn from this logged thread's messages not learned yet")
+    dry_run: bool = Field(False, description="decide and answer the plan, write nothing")
+    extractor: Annotated[str | None, Field(min_length=1, max_length=200, examples=["rules"], description=(
+        "rules (offline), ollama:MODEL or openai:MODEL; default: the server's MEMSHELF_EXTRACTOR, else rules"))] = None
+
+
+@fields_of(Proposal)
+class ProposalOut(Out):
+    pass
+
+
+@fields_of(Usage)
+class UsageOut(Out):
+    pass
+
+
+@fields_of(Plan, nested={"proposals": list[ProposalOut], "usage": UsageOut | None})
+class PlanOut(Out):
     pass
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from . import admin, facts, memories, messages, pages, retrieval, users
+from . import admin, facts, learning, memories, messages, pages, retrieval, users
 
 __all__ = ["ROUTERS"]
 
 ROUTERS: tuple[APIRouter, ...] = (pages.router, memories.router, retrieval.router, facts.router, messages.router,
-                                  users.router, admin.router)
+                                  learning.router, users.router, admin.router)

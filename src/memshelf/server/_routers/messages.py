@@ -1,14 +1,14 @@
-"""/v1/users/{user}/messages: a user's conversation turns, by thread."""
+"""/v1/users/{user}/messages and /threads: a user's conversation turns, by thread, and erasing a thread."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
 from ...model import MAX_TOPIC_CHARS
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
-from .._schemas import MessageIn, MessageOut, Page
+from .._schemas import ErasedOut, MessageIn, MessageOut, Page
 
 __all__ = ["router"]
 
@@ -29,3 +29,13 @@ def list_messages(owner: OwnerDep, shelf: ShelfDep, limit: ListLimit = 50, curso
     """The user's messages (of one thread, or all), newest first, one page at a time."""
     items, next_cursor = shelf.list_messages(owner, thread, limit=limit, cursor=cursor)
     return Page[MessageOut](items=[MessageOut.of(m) for m in items], next_cursor=next_cursor)
+
+
+@router.delete("/v1/users/{user}/threads/{thread}")
+def forget_thread(owner: OwnerDep, shelf: ShelfDep,
+                  thread: Annotated[str, Path(min_length=1, max_length=MAX_TOPIC_CHARS)],
+                  cascade: Annotated[bool, Query(description="also erase the memories and facts learned only from "
+                                                             "this thread")] = False) -> ErasedOut:
+    """Erase a thread: its messages and its learning watermark; with cascade, also what was learned only from it
+    (a record with evidence in another thread, or written by the caller, stays)."""
+    return ErasedOut.of(shelf.forget_thread(owner, thread, cascade=cascade))
