@@ -18,6 +18,7 @@ from ..errors import ExtractorError, InvalidInput, MemshelfError
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Message, NewMemory, Owner, check_text,
                      check_topic)
 from .base import Known, Plan, Proposal, Turn, resolve_extractor
+from .dates import resolve_dates
 
 if TYPE_CHECKING:
     from ..shelf import Shelf
@@ -87,6 +88,9 @@ class Decider:
         worth = self.shelf.sources.confidence(proposal.source)
         at = max((t for t in (self.said_at.get(i) for i in proposal.evidence) if t is not None), default=None)
         proposal = replace(proposal, at=at)
+        if at is not None:  # "tomorrow" means the day after it was said, not after it is read
+            proposal = replace(proposal, content=proposal.content and resolve_dates(proposal.content, at),
+                               value=proposal.value and resolve_dates(proposal.value, at))
         if proposal.op == "set_fact":
             return self._fact(proposal, worth)
         check_topic(proposal.topic)
