@@ -175,6 +175,10 @@ NOTHING = [
     "I'm working at the moment.",
     "I work for a living, unlike some.",
     "My friend's labrador Max is huge.",
+    "Remember, I'm always here for you.",  # advice to the other speaker, as in LoCoMo's conversations
+    "Remember to listen to your heart.",
+    "Remember Jon, just do it!",
+    "Don't forget to buy milk.",
 ]
 
 
@@ -185,7 +189,7 @@ def test_perfect_tense_initials_asides_lower_case_employers_and_breeds(text, exp
 
 
 @pytest.mark.parametrize("text", NOTHING)
-def test_conditions_past_homes_and_how_one_works_are_not_facts(text):
+def test_conditions_past_homes_how_one_works_and_advice_are_not_facts(text):
     assert RulesExtractor().propose([Turn("user", text, "m1")]) == []
 
 

@@ -57,11 +57,12 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    # explicit requests: the user's own words, kept as said
+    # explicit requests: the user's own words, kept as said. Advice to someone else is not one: "Remember, ..."
+    # without a please, "remember to ...", and "Remember Jon, ..." (a name and a comma) are left alone
     Rule("remember", ("remember", "note", "keep in mind", "forget"),
-         r"^(?:(?:can|could|would|will) you )?(?:please )?(?:remember|note|keep in mind|don't forget|"
-         r"do not forget|make a note)(?: that| this)?[:,]? (?!when\b|what\b|how\b|where\b|who\b|the time\b)"
-         r"(?P<v>.{3,300})$", value="request", topic="noted", content="{v}", source="stated",
+         r"^(?P<asked>(?:can|could|would|will) you (?:please )?|please )?(?:remember|note|keep in mind|"
+         r"don't forget|do not forget|make a note)(?: that| this)?(?(asked)[:,]?|:?) "
+         r"(?!when\b|what\b|how\b|where\b|who\b|the time\b|to\b)(?!(?-i:[A-Z])[\w'’-]*,)(?P<v>.{3,300})$", value="request", topic="noted", content="{v}", source="stated",
          negation_ok=True, question_ok=True),
     # names and what to call the user
     Rule("name", ("name",),
