@@ -62,8 +62,8 @@ RULES: tuple[Rule, ...] = (
     Rule("remember", ("remember", "note", "keep in mind", "forget"),
          r"^(?P<asked>(?:can|could|would|will) you (?:please )?|please )?(?:remember|note|keep in mind|"
          r"don't forget|do not forget|make a note)(?: that| this)?(?(asked)[:,]?|:?) "
-         r"(?!when\b|what\b|how\b|where\b|who\b|the time\b|to\b)(?!(?-i:[A-Z])[\w'’-]*,)(?P<v>.{3,300})$", value="request", topic="noted", content="{v}", source="stated",
-         negation_ok=True, question_ok=True),
+         r"(?!when\b|what\b|how\b|where\b|who\b|the time\b|to\b)(?!(?-i:[A-Z])[\w'’-]*,)(?P<v>.{3,300})$",
+         value="request", topic="noted", content="{v}", source="stated", negation_ok=True, question_ok=True),
     # names and what to call the user
     Rule("name", ("name",),
          r"\bmy (?:full |first |real )?name(?: is|'s|’s) " + PROPER, value="proper", key="user_name"),
