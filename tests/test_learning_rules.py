@@ -179,6 +179,9 @@ NOTHING = [
     "Remember to listen to your heart.",
     "Remember Jon, just do it!",
     "Don't forget to buy milk.",
+    "Remember that book I was talking about?",
+    "So I joined in.",
+    "I joined the classes to find like-minded people.",
 ]
 
 

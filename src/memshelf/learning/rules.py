@@ -58,11 +58,13 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     # explicit requests: the user's own words, kept as said. Advice to someone else is not one: "Remember, ..."
-    # without a please, "remember to ...", and "Remember Jon, ..." (a name and a comma) are left alone
+    # without a please, "remember to ...", "Remember Jon, ..." (a name and a comma), and a question without "can
+    # you" ("Remember that book I told you about?") are left alone
     Rule("remember", ("remember", "note", "keep in mind", "forget"),
          r"^(?P<asked>(?:can|could|would|will) you (?:please )?|please )?(?:remember|note|keep in mind|"
          r"don't forget|do not forget|make a note)(?: that| this)?(?(asked)[:,]?|:?) "
-         r"(?!when\b|what\b|how\b|where\b|who\b|the time\b|to\b)(?!(?-i:[A-Z])[\w'’-]*,)(?P<v>.{3,300})$",
+         r"(?!when\b|what\b|how\b|where\b|who\b|the time\b|to\b)(?!(?-i:[A-Z])[\w'’-]*,)"
+         r"(?(asked)|(?![^?]*\?\s*$))(?P<v>.{3,300})$",
          value="request", topic="noted", content="{v}", source="stated", negation_ok=True, question_ok=True),
     # names and what to call the user
     Rule("name", ("name",),
@@ -105,7 +107,7 @@ RULES: tuple[Rule, ...] = (
     Rule("employer_is", ("employ", "working", "joined"),
          r"\b(?:my employer is|i(?:'m|’m| am|'ve been|’ve been| have been) (?:employed|working) "
          r"(?:at|by|for)|i joined) " + PROPER,
-         value="employer", key="employer"),
+         value="proper", key="employer"),  # capitalised only: "I joined in", "I joined the class" are no employers
     Rule("occupation", ("work as", "job", "profession", "role", " a ", " an "),
          r"\b(?:i work as|my job is|my profession is|my job title is|my role is|i(?:'m|’m| am) "
          r"(?:a|an) (?=[\w -]*(?:er|ist|or|ian|ant|ent|nurse|chef|doctor|lawyer|teacher|student|"
