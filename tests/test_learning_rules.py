@@ -182,6 +182,7 @@ NOTHING = [
     "Remember that book I was talking about?",
     "So I joined in.",
     "I joined the classes to find like-minded people.",
+    "Join the support group I am a part of and be advocates for the cause.",  # "for" is no job ending in -or
 ]
 
 

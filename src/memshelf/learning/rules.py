@@ -108,10 +108,11 @@ RULES: tuple[Rule, ...] = (
          r"\b(?:my employer is|i(?:'m|’m| am|'ve been|’ve been| have been) (?:employed|working) "
          r"(?:at|by|for)|i joined) " + PROPER,
          value="proper", key="employer"),  # capitalised only: "I joined in", "I joined the class" are no employers
+    # "I'm a/an ..." is a job when one of its next four words ends like one ("I am a part of ... for" is not)
     Rule("occupation", ("work as", "job", "profession", "role", " a ", " an "),
          r"\b(?:i work as|my job is|my profession is|my job title is|my role is|i(?:'m|’m| am) "
-         r"(?:a|an) (?=[\w -]*(?:er|ist|or|ian|ant|ent|nurse|chef|doctor|lawyer|teacher|student|"
-         r"engineer|manager|designer|developer|writer|pilot|cook|barista|scientist|architect|librarian)\b))"
+         r"(?:a|an) (?=(?:[\w-]+ ){0,3}(?!(?:for|or|nor|door|floor)\b)[\w-]*(?:er|ist|or|ian|ant|ent|nurse|chef|"
+         r"doctor|lawyer|teacher|student|engineer|manager|designer|developer|writer|pilot|cook|barista|scientist|architect|librarian)\b))"
          r"(?: an? | the )?" + TEXT, value="role", key="occupation"),
     # family and pets
     Rule("relative_name", ("my ",),
