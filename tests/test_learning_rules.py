@@ -25,6 +25,9 @@ DATA = Path(__file__).resolve().parent / "data" / "utterances.jsonl"
 HELD_OUT = DATA.with_name("utterances_heldout.jsonl")
 """A second set written after the patterns were tuned on the first and scored once before any change; when a
 pattern is tuned against it, write a fresh one and say so in BENCHMARKS.md."""
+HELD_OUT_2 = DATA.with_name("utterances_heldout2.jsonl")
+"""A third set, written before the patterns were changed for the misses of the first two (perfect tense, initials,
+asides with "if", lower-case employers, breeds) and scored once after; BENCHMARKS.md gives that score."""
 MIN_RECALL = 0.75
 MAX_WRITES_PER_NON_STATEMENT = 1 / 20
 
@@ -95,7 +98,7 @@ def test_the_labelled_set_is_balanced():
     assert {item.role for item in labelled} >= {"user", "assistant", "tool"}
 
 
-@pytest.mark.parametrize("path", [DATA, HELD_OUT], ids=["labelled", "held_out"])
+@pytest.mark.parametrize("path", [DATA, HELD_OUT, HELD_OUT_2], ids=["labelled", "held_out", "held_out_2"])
 def test_rules_precision_and_recall_on_the_labelled_set(path):
     score = _score(RulesExtractor(), _load(path))
     print(f"\nrules extractor on {path.name}: recall {score.recall:.3f} ({score.recalled}/{score.expected}), precision "
@@ -145,6 +148,53 @@ def test_turns_from_mappings_and_bad_ones_say_what_is_expected():
         Turn.of({"text": "hi"})
     with pytest.raises(ExtractorError, match="op must be one of"):
         Proposal("delete", "mined")  # type: ignore[arg-type]
+
+
+FOUND = [
+    ("I've lived in Porto for ten years.", ("home_city", "Porto")),
+    ("I have been living in Cape Town since March.", ("home_city", "Cape Town")),
+    ("My name is J. R. Smith.", ("user_name", "J. R. Smith")),
+    ("My favourite author is Ursula K. Le Guin.", ("favorite_author", "Ursula K. Le Guin")),
+    ("I live in Lisbon, if that helps.", ("home_city", "Lisbon")),
+    ("Text me on 07700 900123 if it's urgent.", ("phone", "07700 900123")),
+    ("I work at acme corp", ("employer", "acme corp")),
+    ("I work for the government, in procurement.", ("employer", "the government")),
+    ("I work at Acme Corp.", ("employer", "Acme Corp")),
+    ("My labrador Max is the best.", ("dog_name", "Max")),
+    ("my old golden retriever Sunny loves the beach", ("dog_name", "Sunny")),
+    ("I have a beagle named Biscuit.", ("pets", "The user has a beagle named Biscuit.")),
+]
+NOTHING = [
+    "I always take the bus if it rains.",
+    "I live in Lisbon if I get the job.",
+    "I've lived in Rome and Paris.",  # not said to hold still
+    "I have never lived in Oslo for long.",
+    "I work at home on Fridays.",
+    "I work for myself.",
+    "I work at night.",
+    "I'm working at the moment.",
+    "I work for a living, unlike some.",
+    "My friend's labrador Max is huge.",
+    "Remember, I'm always here for you.",  # advice to the other speaker, as in LoCoMo's conversations
+    "Remember to listen to your heart.",
+    "Remember Jon, just do it!",
+    "Don't forget to buy milk.",
+    "Remember that book I was talking about?",
+    "So I joined in.",
+    "I joined the classes to find like-minded people.",
+    "Join the support group I am a part of and be advocates for the cause.",  # "for" is no job ending in -or
+]
+
+
+@pytest.mark.parametrize("text, expected", FOUND, ids=[text for text, _ in FOUND])
+def test_perfect_tense_initials_asides_lower_case_employers_and_breeds(text, expected):
+    found = [(p.key or p.topic, p.value or p.content) for p in RulesExtractor().propose([Turn("user", text, "m1")])]
+    assert found == [expected]
+
+
+@pytest.mark.parametrize("text", NOTHING)
+def test_conditions_past_homes_how_one_works_and_advice_are_not_facts(text):
+    assert RulesExtractor().propose([Turn("user", text, "m1")]) == []
 
 
 def test_sentences_drop_fillers():

@@ -42,6 +42,7 @@ import numpy as np
 
 from memshelf.embedders import Embedder, EmbedderProvider
 from memshelf.errors import InvalidInput
+from memshelf.learning import Extractor, ExtractorProvider
 from memshelf.stores.registry import StoreProvider
 
 DIMENSIONS = 32
@@ -94,11 +95,29 @@ heavy_embedder = EmbedderProvider(ToyEmbedder, requires=("memshelf_toy_missing_d
                                   install="pip install 'memshelf-toy[heavy]'", default=True)
 heavy_store = StoreProvider(open_toy, requires=("memshelf_toy_missing_dependency",),
                             install="pip install 'memshelf-toy[heavy]'")
+
+
+class ToyExtractor(Extractor):
+    """Proposes nothing."""
+
+    name = "toy"
+
+    def __init__(self, model=None):
+        self.model = model
+
+    def propose(self, turns, known=None):
+        return []
+
+
+extractor = ExtractorProvider(ToyExtractor)
+heavy_extractor = ExtractorProvider(ToyExtractor, requires=("memshelf_toy_missing_dependency",),
+                                    install="pip install 'memshelf-toy[heavy]'")
 '''
 
 TOY_ENTRY_POINTS = {
     "memshelf.embedders": {"toy": "memshelf_toy:embedder", "heavy": "memshelf_toy:heavy_embedder"},
     "memshelf.stores": {"toy": "memshelf_toy:store", "heavy": "memshelf_toy:heavy_store"},
+    "memshelf.extractors": {"toy": "memshelf_toy:extractor", "heavy": "memshelf_toy:heavy_extractor"},
 }
 
 BROKEN_SOURCE = '''
@@ -377,6 +396,15 @@ def test_the_cli_names_the_installed_providers(toy_site: Path, tmp_path: Path) -
     assert rows[("store", "toy")]["available"] and rows[("store", "sqlite")]["origin"].startswith("memshelf ")
     assert not rows[("embedder", "heavy")]["available"]
     assert "pip install 'memshelf-toy[heavy]'" in rows[("embedder", "heavy")]["problem"]
+    assert rows[("extractor", "rules")]["available"] and rows[("extractor", "rules")]["origin"].startswith("memshelf ")
+    assert rows[("extractor", "toy")] == {"kind": "extractor", "name": "toy", "origin": "memshelf-toy 0.1",
+                                         "available": True, "problem": None}
+    assert not rows[("extractor", "heavy")]["available"]
+    assert "pip install 'memshelf-toy[heavy]'" in rows[("extractor", "heavy")]["problem"]
+    table = memshelf(env, "providers", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert any(line.split()[:2] == ["extractor", "rules"] and line.split()[-1] == "available"
+               for line in table.stdout.splitlines())
 
 
 @pytest.mark.slow

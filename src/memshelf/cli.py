@@ -546,12 +546,15 @@ def keys_revoke(ctx: typer.Context, key_id: str) -> None:
 
 @app.command()
 def providers(ctx: typer.Context) -> None:
-    """List the embedders and storage backends installed (built in or from plugins) and whether each can be used."""
+    """List the embedders, storage backends and extractors installed (built in or from plugins) and whether each
+    can be used."""
+    from .learning.base import extractor_availability
     from .stores.registry import store_availability
 
     s = _settings(ctx)
     rows = [("embedder", found) for found in embedder_availability()]
     rows += [("store", found) for found in store_availability()]
+    rows += [("extractor", found) for found in extractor_availability()]
     if s.as_json:
         _emit_json([{"kind": kind, **_plain(found)} for kind, found in rows])
         return

@@ -24,6 +24,7 @@ from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, 
                      Owner, check_text, check_topic)
 from ..stores.base import Evidence, Mark
 from .base import Extractor, Known, Plan, Proposal, Turn, resolve_extractor
+from .dates import resolve_dates
 
 if TYPE_CHECKING:
     from ..shelf import Shelf
@@ -35,14 +36,30 @@ MAX_TURNS = 1_000
 """At most this many messages are read from a thread in one call; the rest wait for the next call (Plan.more)."""
 
 
-def turns_given(messages: object) -> list[Turn]:
-    """Turns passed in directly, checked."""
+GIVEN = "turn-"
+"""The plan-local id of a turn passed in without one: "turn-2" is the second. It lets a proposal cite the turn (and
+so when it was said, for relative dates) but is never written as evidence, since no logged message has it."""
+
+
+def turns_given(messages: object) -> tuple[list[Turn], frozenset[str]]:
+    """Turns passed in directly, checked, and the plan-local ids given to those that came without one."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidInput("messages must be a list of turns like {'role': 'user', 'content': 'I live in Lisbon.'}")
     try:
-        return [Turn.of(item) for item in messages]  # type: ignore[arg-type]
+        turns = [Turn.of(item) for item in messages]  # type: ignore[arg-type]
     except (ExtractorError, AttributeError) as exc:
         raise InvalidInput(f"each message must be a mapping with role and content: {exc}") from None
+    taken = {turn.id for turn in turns}
+    local: dict[int, str] = {}
+    for index, turn in enumerate(turns):
+        if turn.id is None:
+            name = f"{GIVEN}{index + 1}"
+            while name in taken:  # the caller named another turn so: keep theirs, mark this one apart
+                name += "'"
+            local[index] = name
+            taken.add(name)
+    return ([replace(turn, id=local[index]) if index in local else turn for index, turn in enumerate(turns)],
+            frozenset(local.values()))
 
 
 def turns_of(messages: Sequence[Message]) -> list[Turn]:
@@ -114,12 +131,13 @@ class Decider:
         worth = self.shelf.sources.confidence(proposal.source)
         at = max((t for t in (self.said_at.get(i) for i in proposal.evidence) if t is not None), default=None)
         proposal = replace(proposal, at=at)
+        if at is not None:  # "tomorrow" means the day after it was said, not after it is read
+            proposal = replace(proposal, content=proposal.content and resolve_dates(proposal.content, at),
+                               value=proposal.value and resolve_dates(proposal.value, at))
         if proposal.op == "set_fact":
             return self._fact(proposal, worth)
         check_topic(proposal.topic)
         check_text("content", proposal.content)
-        # DATES: the one place relative dates get resolved. The coordinator wires learning.dates here:
-        #     if at is not None: proposal = replace(proposal, content=resolve_dates(proposal.content, at))
         if proposal.op == "supersede":
             return self._supersede(proposal, worth)
         return proposal
@@ -180,10 +198,12 @@ class Application:
 
     thread: str | None
     mark: Mark | None
+    unlogged: frozenset[str] = frozenset()  # plan-local ids of turns passed in without one: never evidence rows
     evidence: list[Evidence] = field(default_factory=list)
 
     def cite(self, kind: str, record: str, proposal: Proposal, said_at: dict[str, datetime | None]) -> None:
-        self.evidence += [Evidence(kind, record, ident, self.thread, said_at.get(ident)) for ident in proposal.evidence]
+        self.evidence += [Evidence(kind, record, ident, self.thread, said_at.get(ident)) for ident in proposal.evidence
+                          if ident not in self.unlogged]
 
     def cites(self, kind: str, record: str) -> bool:
         return any(e.kind == kind and e.record == record for e in self.evidence)
@@ -246,8 +266,9 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
     started = time.perf_counter()
     mark: Mark | None = None
     logged: list[Message] = []
+    unlogged: frozenset[str] = frozenset()
     if messages is not None:
-        turns = turns_given(messages)
+        turns, unlogged = turns_given(messages)
     else:
         assert thread is not None
         mark = shelf.store.learn_mark(owner, thread)
@@ -261,7 +282,7 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
     if not dry_run and (read or any(p.op != "skip" for p in decided)):
         moved = Mark(read[-1].id, read[-1].created_at) if read else None
         decided = apply(shelf, owner, decided, decider,
-                        Application(thread if messages is None else None, moved))
+                        Application(thread if messages is None else None, moved, unlogged))
         mark = moved or mark
     return Plan(str(owner), thread, extractor_name(chosen), dry_run, tuple(decided), tuple(m.id for m in read),
                 None if mark is None else mark.message_id, getattr(chosen, "usage", None),

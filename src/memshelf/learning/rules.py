@@ -19,13 +19,19 @@ from .base import Extractor, ExtractorProvider, Known, Proposal, Turn
 I_AM = r"\bi(?:'m|’m| am)"
 I_HAVE = r"\bi(?:'ve|’ve| have)"
 PROPER = r"(?P<v>[a-z][\w'’.-]*(?: [a-z][\w'’.-]*){0,4})"
-TEXT = r"(?P<v>[^,.;!?]{2,80})"
+INITIAL_DOT = r"(?<=\b(?-i:[A-Z]))\.(?= )"  # the period of an initial ("Ursula K. Le Guin") does not end a value
+TEXT = r"(?P<v>(?:[^,.;!?]|" + INITIAL_DOT + r"){2,80})"
 EMAIL = r"(?P<v>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
 PHONE = r"(?P<v>\+?\d[\d ().-]{5,18}\d)"
 URL = r"(?P<v>(?:https?://|www\.)[^\s,;!?]+[^\s,;!?.]|[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|dev|me)(?:/[^\s,;!?]*)?)"
 RELATIVE = (r"wife|husband|partner|boyfriend|girlfriend|fianc[eé]e?|son|daughter|mom|mum|mother|dad|father|"
             r"brother|sister|grandmother|grandma|grandfather|grandpa|baby|kid|child|twin")
 PET = r"dog|puppy|cat|kitten|parrot|rabbit|bunny|hamster|horse|turtle|tortoise|snake|lizard|goldfish|fish|bird"
+DOG_BREED = (r"labrador|lab|golden retriever|retriever|poodle|beagle|terrier|spaniel|collie|border collie|husky|"
+             r"corgi|dachshund|pug|bulldog|greyhound|whippet|chihuahua|german shepherd|shepherd|rottweiler|doberman|"
+             r"schnauzer|shih tzu|pomeranian|sheepdog|dalmatian|great dane|mastiff|vizsla|weimaraner|labradoodle|"
+             r"cockapoo|mutt")
+CAT_BREED = r"tabby|siamese|maine coon|ragdoll|sphynx|bengal cat|british shorthair|persian cat"
 LANGUAGE = (r"english|spanish|portuguese|french|german|italian|dutch|polish|russian|ukrainian|mandarin|chinese|"
             r"cantonese|japanese|korean|hindi|urdu|bengali|arabic|hebrew|turkish|greek|swedish|norwegian|danish|"
             r"finnish|czech|hungarian|romanian|vietnamese|thai|indonesian|malay|tagalog|swahili|persian|farsi|"
@@ -51,12 +57,15 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    # explicit requests: the user's own words, kept as said
+    # explicit requests: the user's own words, kept as said. Advice to someone else is not one: "Remember, ..."
+    # without a please, "remember to ...", "Remember Jon, ..." (a name and a comma), and a question without "can
+    # you" ("Remember that book I told you about?") are left alone
     Rule("remember", ("remember", "note", "keep in mind", "forget"),
-         r"^(?:(?:can|could|would|will) you )?(?:please )?(?:remember|note|keep in mind|don't forget|"
-         r"do not forget|make a note)(?: that| this)?[:,]? (?!when\b|what\b|how\b|where\b|who\b|the time\b)"
-         r"(?P<v>.{3,300})$", value="request", topic="noted", content="{v}", source="stated",
-         negation_ok=True, question_ok=True),
+         r"^(?P<asked>(?:can|could|would|will) you (?:please )?|please )?(?:remember|note|keep in mind|"
+         r"don't forget|do not forget|make a note)(?: that| this)?(?(asked)[:,]?|:?) "
+         r"(?!when\b|what\b|how\b|where\b|who\b|the time\b|to\b)(?!(?-i:[A-Z])[\w'’-]*,)"
+         r"(?(asked)|(?![^?]*\?\s*$))(?P<v>.{3,300})$",
+         value="request", topic="noted", content="{v}", source="stated", negation_ok=True, question_ok=True),
     # names and what to call the user
     Rule("name", ("name",),
          r"\bmy (?:full |first |real )?name(?: is|'s|’s) " + PROPER, value="proper", key="user_name"),
@@ -68,6 +77,11 @@ RULES: tuple[Rule, ...] = (
     # where the user lives (one key: a move replaces the old value)
     Rule("home", ("live", "reside", "stay", "settled"),
          r"\bi (?:live|reside|stay|settled)(?: now)? in " + PROPER, value="place", key="home_city"),
+    Rule("home_have_been", ("living", "based", "staying"),
+         I_HAVE + r" been (?:living|based|staying) in " + PROPER, value="place", key="home_city"),
+    Rule("home_have_lived", ("lived",),  # "for"/"since" say it still holds: "I've lived in Rome" alone may be past
+         I_HAVE + r" lived in (?P<v>[a-z][\w'’.-]*(?: [a-z][\w'’.-]*){0,4}?) (?:for|since)\b", value="place",
+         key="home_city"),
     Rule("home_living", ("living", "based", "located", "settled"),
          I_AM + r" (?:now )?(?:living|based|located|settled) in " + PROPER, value="place",
          key="home_city"),
@@ -88,16 +102,17 @@ RULES: tuple[Rule, ...] = (
          key="home_address"),
     # work
     Rule("employer", ("work",),
-         r"\bi(?: work|'m working|’m working| am working) (?:at|for) " + PROPER, value="proper",
+         r"\bi(?: work|'m working|’m working| am working) (?:at|for) " + PROPER, value="employer",
          key="employer"),
     Rule("employer_is", ("employ", "working", "joined"),
          r"\b(?:my employer is|i(?:'m|’m| am|'ve been|’ve been| have been) (?:employed|working) "
          r"(?:at|by|for)|i joined) " + PROPER,
-         value="proper", key="employer"),
+         value="proper", key="employer"),  # capitalised only: "I joined in", "I joined the class" are no employers
+    # "I'm a/an ..." is a job when one of its next four words ends like one ("I am a part of ... for" is not)
     Rule("occupation", ("work as", "job", "profession", "role", " a ", " an "),
          r"\b(?:i work as|my job is|my profession is|my job title is|my role is|i(?:'m|’m| am) "
-         r"(?:a|an) (?=[\w -]*(?:er|ist|or|ian|ant|ent|nurse|chef|doctor|lawyer|teacher|student|"
-         r"engineer|manager|designer|developer|writer|pilot|cook|barista|scientist|architect|librarian)\b))"
+         r"(?:a|an) (?=(?:[\w-]+ ){0,3}(?!(?:for|or|nor|door|floor)\b)[\w-]*(?:er|ist|or|ian|ant|ent|nurse|chef|"
+         r"doctor|lawyer|teacher|student|engineer|manager|designer|developer|writer|pilot|cook|barista|scientist|architect|librarian)\b))"
          r"(?: an? | the )?" + TEXT, value="role", key="occupation"),
     # family and pets
     Rule("relative_name", ("my ",),
@@ -114,14 +129,20 @@ RULES: tuple[Rule, ...] = (
          I_AM + r" (?P<v>married|divorced|engaged|single|widowed)\b", value="text",
          key="relationship_status"),
     Rule("pet_have", ("have", "i've", "i’ve"),
-         I_HAVE + r" (?:got )?(?P<v>(?:a|an|one|two|three|four|\d) (?:\w+ )?(?:" + PET +
-         r")s?\b[^,.;!?]{0,40})", value="text", topic="pets", content="The user has {v}."),
+         I_HAVE + r" (?:got )?(?P<v>(?:a|an|one|two|three|four|\d) (?:\w+ )?(?:" + PET + "|" + DOG_BREED + "|"
+         + CAT_BREED + r")s?\b[^,.;!?]{0,40})", value="text", topic="pets", content="The user has {v}."),
     Rule("pet_name", ("my ",),
          r"\bmy (?P<pet>" + PET + r")(?:'s|’s)? (?:name is|is called|is named) " + PROPER,
          value="proper", key="{pet}_name"),
     Rule("pet_named", ("my ",),
          r"\bmy (?:\w+ )?(?P<pet>" + PET + r"),? (?P<v>[a-z][\w'’-]*),? (?:is|was|loves|likes|"
          r"turned|just|hates)\b", value="proper", key="{pet}_name"),
+    Rule("dog_breed_named", ("my ",),
+         r"\bmy (?:\w+ )?(?:" + DOG_BREED + r"),? (?P<v>[a-z][\w'’-]*),? (?:is|was|loves|likes|turned|just|hates|"
+         r"(?:is|was) (?:called|named))\b", value="proper", key="dog_name"),
+    Rule("cat_breed_named", ("my ",),
+         r"\bmy (?:\w+ )?(?:" + CAT_BREED + r"),? (?P<v>[a-z][\w'’-]*),? (?:is|was|loves|likes|turned|just|hates)\b",
+         value="proper", key="cat_name"),
     # likes and dislikes
     Rule("favorite", ("favorite", "favourite"),
          r"\bmy (?:all-time |absolute )?favou?rite (?P<what>[a-z]+(?: [a-z]+)?) is " + TEXT,
@@ -190,7 +211,7 @@ RULES: tuple[Rule, ...] = (
 
 # A sentence ends at . ! or ? before a space, except after a title ("Dr. Lindqvist"), or at a line break.
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-_TITLE_END = re.compile(r"\b(?:Dr|Mr|Ms|Mrs|Mx|St|Prof|Sr|Jr)\.$")
+_TITLE_END = re.compile(r"\b(?:Dr|Mr|Ms|Mrs|Mx|St|Prof|Sr|Jr|[A-HJ-Z])\.$")  # a title or an initial ("J. R. Smith")
 _LEAD = re.compile(r"^(?:(?:oh|ok|okay|so|well|also|btw|by the way|and|but|anyway|hey|hi|fyi|actually|yeah|yes),?\s+)+",
                    re.IGNORECASE)
 _QUESTION = re.compile(r"\?\s*$|^(?:do|does|did|can|could|would|will|shall|should|is|are|am|was|were|have|has|"
@@ -201,6 +222,12 @@ _UNREAL = re.compile(
     r"act as|in character|my character|in this game|in the story|in my novel|in the book|as if|dream|dreamed|"
     r"dreamt|planning to|plan to|hope to|want to|wanna|going to|gonna|thinking of|thinking about|considering)\b",
     re.IGNORECASE)
+_ASIDE = re.compile(
+    r",? if (?:that|this|it) (?:helps|matters|is relevant|'s relevant|’s relevant|makes a difference|changes anything)"
+    r"|,? if you (?:need|want|must|care|were wondering|are curious|'re curious|’re curious)(?: to know| it| that)?"
+    r"|,? if (?:it's|it’s|it is|that's|that’s) (?:urgent|easier|useful|important)|,? if anything\b",
+    re.IGNORECASE)
+"""An "if" that asks nothing of the world ("I live in Lisbon, if that helps"): cut before looking for a hypothetical."""
 _INJECTION = re.compile(r"\b(?:ignore|disregard|forget) (?:all |any |the |your )?(?:previous|prior|above|earlier) "
                         r"(?:instructions|messages|rules)|\bsystem prompt\b|\byou are now\b|\bnew instructions\b",
                         re.IGNORECASE)
@@ -232,6 +259,29 @@ def _place(value: str) -> str:
     return "" if name in {"I", "The", "A", "My"} else name
 
 
+_NOT_AN_EMPLOYER = {"home", "night", "nights", "weekends", "myself", "free", "fun", "hours", "a", "an", "least",
+                    "times", "it", "this", "that", "them", "him", "her", "you", "me", "us", "money", "peanuts", "food",
+                    "tips", "now", "some", "one", "my", "your", "his", "their", "our", "any", "all", "what", "which",
+                    "whoever", "anyone", "someone", "people", "clients", "night-time", "daytime", "lunch"}
+_NOT_AN_EMPLOYER_THE = re.compile(r"the (?:moment|minute|same|weekends?|end|time|start|beginning|last|latest|most|"
+                                  r"least|best|very|top|bottom|rest|whole|first)\b", re.IGNORECASE)
+_EMPLOYER_END = re.compile(r" (?:in|on|at|as|since|for|with|and|but|because|where|near|from|so|until|till|during|"
+                           r"then|now|today|every|each|part-time|full-time|remotely|downtown)\b.*$", re.IGNORECASE)
+
+
+def _employer(value: str) -> str:
+    """A capitalised name ("Siemens"); else the words as said ("acme corp", "the university"), unless they say
+    how or when rather than where ("at home", "for myself", "at night")."""
+    name = _words_capitalised(value)
+    if name:
+        return name
+    said = _EMPLOYER_END.sub("", _TRAILING.sub("", value.strip())).strip().rstrip(".")
+    words = said.split()
+    if not words or _NOT_AN_EMPLOYER_THE.match(said) or words[0].lower() in _NOT_AN_EMPLOYER:
+        return ""
+    return said
+
+
 def _thing(value: str) -> str:
     value = _TRAILING.sub("", value.strip()).strip()
     first = value.split(" ", 1)[0].lower()
@@ -257,6 +307,7 @@ def _request(value: str) -> str:
 CLEANERS: dict[str, Callable[[str], str]] = {
     "proper": _words_capitalised,
     "place": _place,
+    "employer": _employer,
     "proper_any": lambda value: value.title(),
     "text": lambda value: _TRAILING.sub("", value.strip()).strip().rstrip("."),
     "thing": _thing,
@@ -322,7 +373,7 @@ class RulesExtractor(Extractor):
         if _INJECTION.search(turn.content):
             return []  # a turn that tries to instruct the model is not a statement about the user, in any sentence
         for sentence in sentences(turn.content):
-            if _UNREAL.search(sentence):
+            if _UNREAL.search(_ASIDE.sub("", sentence)):
                 continue
             question = bool(_QUESTION.search(sentence))
             found.extend(self._from_sentence(sentence, question, evidence, known))
