@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fakes import FakeOllamaChat, FakeOpenAIChat, RecordedRequest
+from fakes import FakeOllamaChat, FakeOpenAIChat, RecordedRequest, SilentServer
 
 from memshelf import Owner, Shelf
 from memshelf import _plugins as plugins
@@ -145,6 +145,15 @@ def test_a_service_slower_than_the_timeout_gives_up_in_time(provider):
         started = time.monotonic()
         with pytest.raises(ExtractorError, match=r"did not answer within 0.3 s.*MEMSHELF_EXTRACTOR_TIMEOUT"):
             extractor.propose(TURNS)
+        assert time.monotonic() - started < 2.0
+
+
+def test_a_service_that_accepts_and_never_answers_gives_up_in_time(provider):
+    _, build = provider
+    with SilentServer() as silent:
+        started = time.monotonic()
+        with pytest.raises(ExtractorError, match="did not answer within 0.3 s"):
+            build(silent.url, timeout=0.3).propose(TURNS)
         assert time.monotonic() - started < 2.0
 
 

@@ -82,6 +82,8 @@ pretend play, negations, small talk, or facts about other people (except their r
 one-word topic.
 - supersede: when a new statement makes a known memory that has an id untrue; "replaces" is that id.
 - skip: nothing, with a reason; do not propose what "known" already holds.
+- When a turn says when something happened relative to it ("last spring", "tomorrow"), write the date you can \
+work out from the turn's "at", if it has one.
 - evidence: the ids of the user's turns the proposal comes from. reason: a few words on why.
 
 Answer with one JSON object and nothing else: {{"proposals": [{{"op": ..., "topic": ..., "content": ..., \
@@ -98,7 +100,7 @@ class Reply:
     completion_tokens: int | None = None
 
 
-class _Meter:
+class Meter:
     """Counts one `propose` call's requests, tokens and time."""
 
     def __init__(self) -> None:
@@ -178,7 +180,7 @@ class ChatExtractor(Extractor):
         self._client.close()
 
     def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
-        meter = _Meter()
+        meter = Meter()
         try:
             if not any(turn.role == "user" for turn in turns):
                 return []  # nothing the user said: no model call can find anything about the user
@@ -186,7 +188,7 @@ class ChatExtractor(Extractor):
         finally:
             self.usage = meter.usage()
 
-    def _proposals(self, turns: list[Turn], known: Known, meter: _Meter) -> list[Proposal]:
+    def _proposals(self, turns: list[Turn], known: Known, meter: Meter) -> list[Proposal]:
         from ._answer import BadAnswer, Transcript, proposals_from  # pydantic, only when a model is asked
 
         transcript = Transcript(turns)
@@ -204,16 +206,16 @@ class ChatExtractor(Extractor):
                     f"nothing was learned: try a larger model than {self.model_name!r}, or the 'rules' "
                     "extractor") from None
 
-    def _ask(self, messages: list[dict[str, str]], meter: _Meter) -> str:
+    def _ask(self, messages: list[dict[str, str]], meter: Meter) -> str:
         reply = self._chat(messages, meter)
         meter.add(reply)
         return reply.text
 
     @abstractmethod
-    def _chat(self, messages: list[dict[str, str]], meter: _Meter) -> Reply:
+    def _chat(self, messages: list[dict[str, str]], meter: Meter) -> Reply:
         """One answer to the conversation; every request it sends counts in `meter.calls`."""
 
-    def _post(self, url: str, payload: dict[str, Any], meter: _Meter) -> httpx.Response:
+    def _post(self, url: str, payload: dict[str, Any], meter: Meter) -> httpx.Response:
         meter.calls += 1
         try:
             with embedding_deadline(self.timeout):

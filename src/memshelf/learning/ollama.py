@@ -15,7 +15,7 @@ from ..embedders._http import deadline_client
 from ..embedders.ollama import resolve_ollama_host
 from ..embedders.openai import _error_text
 from ..errors import EmbedderError, ExtractorError
-from ._chat import ANSWER_SCHEMA, INSTALL, ChatExtractor, Reply, _Meter, count, extractor_timeout
+from ._chat import ANSWER_SCHEMA, INSTALL, ChatExtractor, Meter, Reply, count, extractor_timeout
 from .base import Extractor, ExtractorProvider
 
 DEFAULT_MODEL = "llama3.2"
@@ -40,7 +40,7 @@ class OllamaExtractor(ChatExtractor):
         self.timeout = extractor_timeout(timeout)
         self._client = deadline_client(self.timeout, base_url=self.host)
 
-    def _chat(self, messages: list[dict[str, str]], meter: _Meter) -> Reply:
+    def _chat(self, messages: list[dict[str, str]], meter: Meter) -> Reply:
         payload = {"model": self.model_name, "messages": messages, "stream": False, "format": ANSWER_SCHEMA,
                    "options": {"temperature": 0}}
         body = self._reply(self._post("/api/chat", payload, meter))

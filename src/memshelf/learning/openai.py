@@ -18,7 +18,7 @@ import httpx
 from ..embedders._http import deadline_client
 from ..embedders.openai import DEFAULT_BASE_URL, _error_text
 from ..errors import ExtractorError
-from ._chat import ANSWER_SCHEMA, INSTALL, ChatExtractor, Reply, _Meter, count, extractor_timeout
+from ._chat import ANSWER_SCHEMA, INSTALL, ChatExtractor, Meter, Reply, count, extractor_timeout
 from .base import Extractor, ExtractorProvider
 
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -52,14 +52,14 @@ class OpenAIExtractor(ChatExtractor):
         self._client = deadline_client(self.timeout, headers={"Authorization": f"Bearer {key}"} if key else {})
         self.response_format: dict[str, Any] = SCHEMA_FORMAT  # JSON_FORMAT once the server refuses a schema
 
-    def _chat(self, messages: list[dict[str, str]], meter: _Meter) -> Reply:
+    def _chat(self, messages: list[dict[str, str]], meter: Meter) -> Reply:
         response = self._send(messages, meter)
         if self.response_format is SCHEMA_FORMAT and _rejects_schema(response):
             self.response_format = JSON_FORMAT
             response = self._send(messages, meter)
         return self._answer(self._reply(response))
 
-    def _send(self, messages: list[dict[str, str]], meter: _Meter) -> httpx.Response:
+    def _send(self, messages: list[dict[str, str]], meter: Meter) -> httpx.Response:
         payload = {"model": self.model_name, "messages": messages, "temperature": 0,
                    "response_format": self.response_format}
         return self._post(f"{self.base_url}/chat/completions", payload, meter)
