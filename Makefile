@@ -20,7 +20,7 @@ $(VENV)/.demo-installed: pyproject.toml | $(PY)
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(PIP) install -q -e ".[local,postgres,server,test]"
+	$(PIP) install -q -e ".[local,postgres,server,learn,test]"
 	touch $@
 
 demo: $(VENV)/.demo-installed

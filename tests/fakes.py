@@ -4,7 +4,8 @@
 the clients are tested over real sockets: refused connections, timeouts and status codes included. Their vectors,
 like `HashEmbedder`'s, are a hashed bag of words: texts that share words have a higher cosine, and the same text
 always gets the same vector. `SilentServer` (accepts, never answers) and `TricklingOllama` (answers one byte a
-second) are services that are up but hung, below the HTTP layer.
+second) are services that are up but hung, below the HTTP layer. `FakeOllamaChat` and `FakeOpenAIChat` speak the
+two chat APIs the model extractors use, with a model whose answers the test scripts.
 
     with FakeOllama(legacy=True) as ollama:
         embedder = OllamaEmbedder(host=ollama.url)
@@ -396,3 +397,92 @@ def _read_http_request(conn: socket.socket) -> bytes:
             break
         body += chunk
     return body
+
+
+class _FakeChat(_FakeServer):
+    """A chat service whose model says the scripted `answers` in turn (the last one again once they run out): a
+    callable is called with the request first (to cite the ids it was sent); a str is sent as the model's text as
+    it is, anything else as its JSON. Every reply counts `prompt_tokens` and `completion_tokens`."""
+
+    def __init__(self, answers: Sequence[Any] = ({"proposals": []},), *, prompt_tokens: int = 120,
+                 completion_tokens: int = 30, fail_status: int | None = None, delay: float = 0.0) -> None:
+        super().__init__(fail_status=fail_status, delay=delay)
+        self.answers = list(answers)
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self._said = 0
+
+    def next_answer(self, request: RecordedRequest) -> str:
+        with self._lock:
+            answer = self.answers[min(self._said, len(self.answers) - 1)]
+            self._said += 1
+        if callable(answer):
+            answer = answer(request)
+        return answer if isinstance(answer, str) else json.dumps(answer)
+
+    @property
+    def conversations(self) -> list[list[dict[str, str]]]:
+        """The messages of every chat request received, in order."""
+        return [request.body.get("messages", []) for request in self.requests if isinstance(request.body, dict)]
+
+
+class FakeOllamaChat(_FakeChat):
+    """Ollama's POST /api/chat (stream false). Models not in `models` get Ollama's JSON 404. `url` is the host."""
+
+    def __init__(self, answers: Sequence[Any] = ({"proposals": []},), *, models: Iterable[str] = ("llama3.2",),
+                 **options: Any) -> None:
+        super().__init__(answers, **options)
+        self.models = set(models)
+
+    @property
+    def url(self) -> str:
+        return self.root
+
+    def respond(self, request: RecordedRequest) -> tuple[int, Any]:
+        if request.path != "/api/chat":
+            return 404, "404 page not found"
+        body = request.body if isinstance(request.body, dict) else {}
+        model = str(body.get("model", ""))
+        if model not in self.models and model.removesuffix(":latest") not in self.models:
+            return 404, {"error": f'model "{model}" not found, try pulling it first'}
+        return 200, {"model": model, "created_at": "2026-12-03T00:00:00Z", "done": True, "done_reason": "stop",
+                     "message": {"role": "assistant", "content": self.next_answer(request)},
+                     "prompt_eval_count": self.prompt_tokens, "eval_count": self.completion_tokens}
+
+
+class FakeOpenAIChat(_FakeChat):
+    """OpenAI's POST /v1/chat/completions. `url` is the base URL (it ends in /v1).
+
+    `json_schema=False` plays a server that takes only `json_object`: a request with a json_schema response_format
+    gets a 400 saying so, as llama.cpp's and some vLLM versions do. With `api_key` set, other keys get a 401.
+    """
+
+    def __init__(self, answers: Sequence[Any] = ({"proposals": []},), *, json_schema: bool = True,
+                 api_key: str | None = None, **options: Any) -> None:
+        super().__init__(answers, **options)
+        self.json_schema = json_schema
+        self.api_key = api_key
+
+    @property
+    def url(self) -> str:
+        return f"{self.root}/v1"
+
+    def failure_body(self, status: int) -> Any:
+        return {"error": {"message": f"fake failure (HTTP {status})", "type": "server_error", "code": None}}
+
+    def respond(self, request: RecordedRequest) -> tuple[int, Any]:
+        if request.path != "/v1/chat/completions":
+            return 404, {"error": {"message": f"Invalid URL (POST {request.path})", "type": "invalid_request_error"}}
+        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return 401, {"error": {"message": "Incorrect API key provided.", "code": "invalid_api_key"}}
+        body = request.body if isinstance(request.body, dict) else {}
+        wanted = (body.get("response_format") or {}).get("type")
+        if wanted == "json_schema" and not self.json_schema:
+            return 400, {"error": {"message": "'response_format.type' json_schema is not supported by this server",
+                                   "type": "invalid_request_error"}}
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                 "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return 200, {"id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"),
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": self.next_answer(request)}}],
+                     "usage": usage}
