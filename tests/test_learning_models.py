@@ -22,7 +22,7 @@ from memshelf import _plugins as plugins
 from memshelf.errors import ExtractorError
 from memshelf.learning import Known, OllamaExtractor, OpenAIExtractor, Turn, registered_extractors, resolve_extractor
 from memshelf.learning import base as learning_base
-from memshelf.learning._chat import DATA_END, DATA_START, ChatExtractor
+from memshelf.learning._chat import DATA_END, DATA_START, MAX_ANSWER_TOKENS, ChatExtractor
 
 TURNS = [
     Turn("user", "I moved to Lisbon last spring.", id="m1"),
@@ -80,9 +80,10 @@ def test_a_good_answer_becomes_inferred_proposals_with_the_evidence_cited(provid
     assert body["messages"][0]["role"] == "system" and "data" in body["messages"][0]["content"]
     if fake_type is FakeOllamaChat:
         assert body["format"]["required"] == ["proposals"] and body["options"]["temperature"] == 0
-        assert body["stream"] is False
+        assert body["stream"] is False and body["options"]["num_predict"] == MAX_ANSWER_TOKENS
     else:
         assert body["response_format"]["type"] == "json_schema" and body["temperature"] == 0
+        assert body["max_tokens"] == MAX_ANSWER_TOKENS  # a model looping inside the JSON stops there
         assert body["response_format"]["json_schema"]["schema"]["required"] == ["proposals"]
 
 

@@ -36,6 +36,9 @@ may need a minute."""
 INSTALL = "pip install 'memshelf[learn]' (it adds pydantic, which validates the model's answer)"
 DATA_START = "<<<TRANSCRIPT_DATA"
 DATA_END = "TRANSCRIPT_DATA>>>"
+MAX_ANSWER_TOKENS = 2_048
+"""The most tokens an answer may take: a model that loops inside the JSON stops there, and its cut answer is
+retried like any invalid one, instead of running until the timeout."""
 MAX_BAD_ANSWER_CHARS = 4_000
 """How much of a bad answer is sent back with the retry."""
 KEYS = ("user_name", "preferred_name", "home_city", "hometown", "home_address", "employer", "occupation", "age",

@@ -15,7 +15,7 @@ from ..embedders._http import deadline_client
 from ..embedders.ollama import resolve_ollama_host
 from ..embedders.openai import _error_text
 from ..errors import EmbedderError, ExtractorError
-from ._chat import ANSWER_SCHEMA, INSTALL, ChatExtractor, Meter, Reply, count, extractor_timeout
+from ._chat import ANSWER_SCHEMA, INSTALL, MAX_ANSWER_TOKENS, ChatExtractor, Meter, Reply, count, extractor_timeout
 from .base import Extractor, ExtractorProvider
 
 DEFAULT_MODEL = "llama3.2"
@@ -42,7 +42,7 @@ class OllamaExtractor(ChatExtractor):
 
     def _chat(self, messages: list[dict[str, str]], meter: Meter) -> Reply:
         payload = {"model": self.model_name, "messages": messages, "stream": False, "format": ANSWER_SCHEMA,
-                   "options": {"temperature": 0}}
+                   "options": {"temperature": 0, "num_predict": MAX_ANSWER_TOKENS}}
         body = self._reply(self._post("/api/chat", payload, meter))
         message = body.get("message")
         content = message.get("content") if isinstance(message, dict) else None

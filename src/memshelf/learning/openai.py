@@ -18,7 +18,7 @@ import httpx
 from ..embedders._http import deadline_client
 from ..embedders.openai import DEFAULT_BASE_URL, _error_text
 from ..errors import ExtractorError
-from ._chat import ANSWER_SCHEMA, INSTALL, ChatExtractor, Meter, Reply, count, extractor_timeout
+from ._chat import ANSWER_SCHEMA, INSTALL, MAX_ANSWER_TOKENS, ChatExtractor, Meter, Reply, count, extractor_timeout
 from .base import Extractor, ExtractorProvider
 
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -60,7 +60,7 @@ class OpenAIExtractor(ChatExtractor):
         return self._answer(self._reply(response))
 
     def _send(self, messages: list[dict[str, str]], meter: Meter) -> httpx.Response:
-        payload = {"model": self.model_name, "messages": messages, "temperature": 0,
+        payload = {"model": self.model_name, "messages": messages, "temperature": 0, "max_tokens": MAX_ANSWER_TOKENS,
                    "response_format": self.response_format}
         return self._post(f"{self.base_url}/chat/completions", payload, meter)
 
