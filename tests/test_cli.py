@@ -248,7 +248,7 @@ def test_learn_from_a_file_prints_user_text_as_it_is(tmp_path):
 
 def test_an_unknown_extractor_creates_no_database(tmp_path):
     proc = run(tmp_path, "learn", "--thread", "t1", "--extractor", "psychic")
-    assert proc.returncode == 1 and "registered extractors are rules" in proc.stderr
+    assert proc.returncode == 1 and "registered extractors are ollama, openai, rules" in proc.stderr
     assert not (tmp_path / "memory.db").exists()
 
 
