@@ -356,6 +356,31 @@ def test_a_guess_does_not_replace_what_the_user_stated(clean_registry, monkeypat
     assert logged.get_fact(ALICE, "home_city").value == "Porto"
 
 
+def test_a_model_supersedes_a_memory_by_the_id_it_was_shown(clean_registry, monkeypatch, logged):
+    """The model sees related memories with their ids, so it can retire one it was shown; the Shelf closes it
+    (a guess may retire an earlier guess, never more) and search then finds only the new one."""
+    old = logged.remember(ALICE, "home", "Alice rents a flat in Lisbon near the river.", source="inferred")
+
+    def replace_the_flat(request: RecordedRequest) -> dict[str, Any]:
+        sent = data_sent(request.body["messages"])
+        [shown] = [m for m in sent["known"]["memories"] if "flat" in m["content"]]
+        users = [turn["id"] for turn in sent["turns"] if turn["role"] == "user"]
+        return {"proposals": [{"op": "supersede", "replaces": shown["id"], "topic": "home",
+                               "content": "Alice bought a house in Lisbon.", "evidence": [users[0]],
+                               "reason": "she moved from the flat"}]}
+
+    logged.log_message(ALICE, "t1", "user", "We bought a house in Lisbon, so no more flat.")
+    with FakeOpenAIChat([replace_the_flat]) as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+        plan = logged.learn(ALICE, thread="t1", extractor="openai:fake-model")
+    [applied] = plan.applied
+    assert (applied.op, applied.replaces, applied.source) == ("supersede", old.id, "inferred")
+    closed = logged.get(ALICE, old.id)
+    assert closed.superseded_by == applied.record and closed.superseded_at is not None
+    assert [h.memory.id for h in logged.search(ALICE, "Lisbon")] == [applied.record]
+    assert old.id in {h.memory.id for h in logged.search(ALICE, "Lisbon", include_superseded=True)}
+
+
 @pytest.mark.parametrize("answers,fail_status", [(["no JSON here", "still none"], None), ([GOOD], 503)])
 def test_a_failing_model_writes_nothing(clean_registry, monkeypatch, logged, answers, fail_status):
     with FakeOpenAIChat(answers, fail_status=fail_status) as fake:

@@ -137,7 +137,10 @@ def extractor_timeout(timeout: float | None) -> float:
 def data_block(turns: list[dict[str, str | None]], known: Known) -> str:
     """The turns and what is known as JSON between the markers; `<` and `>` are escaped (still valid JSON, read
     back the same), so no content can write the end marker."""
-    payload = {"known": {"facts": dict(known.facts), "memories": [_memory(item) for item in known.memories]},
+    ids = known.memory_ids if len(known.memory_ids) == len(known.memories) else ()
+    memories = [{"id": ident, "content": text} for ident, text in zip(ids, known.memories)] if ids else [
+        _memory(item) for item in known.memories]
+    payload = {"known": {"facts": dict(known.facts), "memories": memories},
                "turns": turns}
     text = json.dumps(payload, ensure_ascii=False, indent=1).replace("<", "\\u003c").replace(">", "\\u003e")
     return f"{DATA_START}\n{text}\n{DATA_END}"

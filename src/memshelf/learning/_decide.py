@@ -71,10 +71,8 @@ def known_for(shelf: Shelf, owner: Owner, turns: Sequence[Turn]) -> Known:
     search: hybrid with an embedder, keywords without)."""
     facts = {fact.key: fact.value for fact in shelf.facts(owner)}
     said = " ".join(turn.content for turn in turns if turn.role == "user")[:KNOWN_QUERY_CHARS].strip()
-    memories: tuple[str, ...] = ()
-    if said:
-        memories = tuple(hit.memory.content for hit in shelf.search(owner, said, limit=KNOWN_MEMORIES))
-    return Known(facts, memories)
+    related = [hit.memory for hit in shelf.search(owner, said, limit=KNOWN_MEMORIES)] if said else []
+    return Known(facts, tuple(m.content for m in related), tuple(m.id for m in related))
 
 
 def extractor_name(extractor: object) -> str:
@@ -160,7 +158,7 @@ class Decider:
             return skipped
         if current is not None and worth < (held := self.shelf.sources.get(current.source, 1.0)):
             return _skip(proposal, f"the current {key} ({current.value!r}) is {current.source}, worth {held}; a "
-                                   f"{proposal.source} value (worth {worth}) cannot replace it")
+                                   f"value from {proposal.source} (worth {worth}) cannot replace it")
         self.facts[key] = Fact(key, value, proposal.source, proposal.at or self.shelf.now())
         if current is None:
             return _with(proposal, f"new fact {key}")
@@ -176,8 +174,8 @@ class Decider:
             return _skip(proposal, f"{old.id} is already superseded" +
                          (f" by {old.superseded_by}" if old.superseded_by else " in this plan"))
         if old.confidence > worth:
-            return _skip(proposal, f"{old.id} is {old.source} (worth {old.confidence}); a {proposal.source} "
-                                   f"proposal (worth {worth}) cannot retire it")
+            return _skip(proposal, f"{old.id} is {old.source} (worth {old.confidence}); a proposal "
+                                   f"from {proposal.source} (worth {worth}) cannot retire it")
         self.closed.add(old.id)
         return _with(proposal, f"closes {old.id} ({old.source}, worth {old.confidence}), which keeps its text")
 

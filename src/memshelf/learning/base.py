@@ -50,10 +50,12 @@ class Turn:
 @dataclass(frozen=True, slots=True)
 class Known:
     """What the owner already knows, so an extractor can skip what is not news: current facts by key, and the
-    contents of related memories."""
+    contents of related memories with their ids in the same order (`memory_ids`, which a supersede proposal names
+    in `replaces`; empty when the caller gave texts only)."""
 
     facts: Mapping[str, str] = field(default_factory=dict)
     memories: tuple[str, ...] = ()
+    memory_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
