@@ -24,6 +24,20 @@ def ok(tmp_path, *args, **kw):
     return proc
 
 
+def test_python_dash_m_memshelf_is_the_same_command(tmp_path):
+    """`python -m memshelf` works where the script is not on PATH; it writes and reads the same shelf."""
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    environment = {**os.environ, "MEMSHELF_DB": str(tmp_path / "memory.db"), "MEMSHELF_TENANT": "home",
+                   "MEMSHELF_USER": "kaleb", "MEMSHELF_EMBEDDER": "none", "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "memshelf", "--json", "facts"], capture_output=True, text=True,
+                          env=environment, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [(f["key"], f["value"]) for f in json.loads(proc.stdout)] == [("user_name", "Kaleb")]
+    failed = subprocess.run([sys.executable, "-m", "memshelf", "forget", "m_0123456789abcdef"], capture_output=True,
+                            text=True, env=environment, timeout=120)
+    assert failed.returncode == 1 and failed.stderr.startswith("error:")  # main()'s one-line errors, not a traceback
+
+
 def test_remember_search_context_prompt(tmp_path):
     ok(tmp_path, "remember", "network", "The office printer is on 192.168.1.40.")
     ok(tmp_path, "remember", "network", "The printer jams on thick paper.", "--source", "mined")
