@@ -19,7 +19,7 @@ from fakes import FakeOllamaChat, FakeOpenAIChat, RecordedRequest, SilentServer
 
 from memshelf import Owner, Shelf
 from memshelf import _plugins as plugins
-from memshelf.errors import ExtractorError
+from memshelf.errors import ExtractorError, ExtractorUnavailable
 from memshelf.learning import Known, OllamaExtractor, OpenAIExtractor, Turn, registered_extractors, resolve_extractor
 from memshelf.learning import base as learning_base
 from memshelf.learning._chat import DATA_END, DATA_START, MAX_ANSWER_TOKENS, ChatExtractor
@@ -124,8 +124,9 @@ def test_bad_twice_is_an_error_and_proposes_nothing(provider):
     fake_type, build = provider
     with fake_type(["not json", '{"facts": []}']) as fake:
         extractor = build(fake.url)
-        with pytest.raises(ExtractorError, match="answered twice.*not valid JSON.*no \"proposals\" list.*rules"):
+        with pytest.raises(ExtractorError, match="answered twice.*not valid JSON.*no \"proposals\" list.*rules") as bad:
             extractor.propose(TURNS)
+    assert not isinstance(bad.value, ExtractorUnavailable)  # the model answered: asking again later will not help
     assert len(fake.requests) == 2
     assert extractor.usage is not None and extractor.usage.calls == 2
 
@@ -134,7 +135,7 @@ def test_bad_twice_is_an_error_and_proposes_nothing(provider):
 def test_a_busy_or_broken_service_is_an_error_that_says_to_retry(provider, status):
     fake_type, build = provider
     with fake_type([GOOD], fail_status=status) as fake:
-        with pytest.raises(ExtractorError, match=f"HTTP {status}.*nothing was learned.*learn again"):
+        with pytest.raises(ExtractorUnavailable, match=f"HTTP {status}.*nothing was learned.*learn again"):
             build(fake.url).propose(TURNS)
     assert len(fake.requests) == 1  # a service error is not retried: the next learn call reads the same messages
 
@@ -144,7 +145,7 @@ def test_a_service_slower_than_the_timeout_gives_up_in_time(provider):
     with fake_type([GOOD], delay=3.0) as fake:
         extractor = build(fake.url, timeout=0.3)
         started = time.monotonic()
-        with pytest.raises(ExtractorError, match=r"did not answer within 0.3 s.*MEMSHELF_EXTRACTOR_TIMEOUT"):
+        with pytest.raises(ExtractorUnavailable, match=r"did not answer within 0.3 s.*MEMSHELF_EXTRACTOR_TIMEOUT"):
             extractor.propose(TURNS)
         assert time.monotonic() - started < 2.0
 
@@ -153,7 +154,7 @@ def test_a_service_that_accepts_and_never_answers_gives_up_in_time(provider):
     _, build = provider
     with SilentServer() as silent:
         started = time.monotonic()
-        with pytest.raises(ExtractorError, match="did not answer within 0.3 s"):
+        with pytest.raises(ExtractorUnavailable, match="did not answer within 0.3 s"):
             build(silent.url, timeout=0.3).propose(TURNS)
         assert time.monotonic() - started < 2.0
 
@@ -176,7 +177,7 @@ def _closed_port() -> int:
 def test_a_refused_connection_is_an_error_that_says_where(provider):
     _, build = provider
     url = f"http://127.0.0.1:{_closed_port()}"
-    with pytest.raises(ExtractorError, match="cannot reach .*127.0.0.1.*nothing was learned"):
+    with pytest.raises(ExtractorUnavailable, match="cannot reach .*127.0.0.1.*nothing was learned"):
         build(url).propose(TURNS)
 
 
@@ -259,8 +260,9 @@ def test_ollama_without_the_model_says_to_pull_it():
 
 def test_openai_with_a_wrong_key_says_which_variable_to_set():
     with FakeOpenAIChat(api_key="right") as fake:
-        with pytest.raises(ExtractorError, match="rejected the API key.*OPENAI_API_KEY"):
+        with pytest.raises(ExtractorError, match="rejected the API key.*OPENAI_API_KEY") as refused:
             OpenAIExtractor("fake-model", base_url=fake.url, api_key="wrong").propose(TURNS)
+        assert not isinstance(refused.value, ExtractorUnavailable)  # a wrong key is fixed, not waited out
         assert OpenAIExtractor("fake-model", base_url=fake.url, api_key="right").propose(TURNS) == []
 
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from memshelf import ExtractorError, Proposal, Shelf
+from memshelf import ExtractorError, ExtractorUnavailable, Proposal, Shelf
 from memshelf.learning import Extractor, register_extractor
 from memshelf.server import MAX_BODY_BYTES, create_app
 
@@ -385,6 +385,27 @@ def test_an_extractor_that_fails_is_502_and_writes_nothing(acme: httpx.Client) -
     assert "refused" in error["message"]
     assert acme.get("/v1/users/mo/facts").json()["items"] == []
     assert learn(acme, "mo", thread="t1", extractor="rules")["proposals"][0]["value"] == "Porto"
+
+
+class Busy(Extractor):
+    """An extractor whose model service is busy (HTTP 503 upstream), as a model extractor reports it."""
+
+    name = "busy"
+
+    def propose(self, turns: Any, known: Any = None) -> list[Proposal]:
+        raise ExtractorUnavailable("the model service answered HTTP 503, so nothing was learned: wait, then learn "
+                                   "again (the same messages are read)")
+
+
+def test_an_extractor_whose_service_is_down_is_503_with_retry_after(acme: httpx.Client) -> None:
+    """Down or busy means try again: 503 and Retry-After, like a store or embedder that cannot answer now; the
+    watermark stays, so the retry reads the same turns."""
+    register_extractor("test-busy", lambda model: Busy())
+    log(acme, "bo", "I live in Faro.")
+    response = acme.post("/v1/users/bo/learn", json={"thread": "t1", "extractor": "test-busy"})
+    error = assert_error(response, 503, "extractor_unavailable")
+    assert response.headers["Retry-After"] == "1" and "learn again" in error["message"]
+    assert learn(acme, "bo", thread="t1", extractor="rules")["proposals"][0]["value"] == "Faro"
 
 
 # ---------------------------------------------------------------------------------------------- authentication

@@ -1,8 +1,9 @@
 """memshelf: durable, owned, searchable memory for AI assistants."""
 
 from .embedders.base import Embedder, register_embedder
-from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, InvalidInput,
-                     ExtractorError, MemshelfError, NotFound, StoreError, StoreUnavailable, UnknownSource)
+from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError,
+                     ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
+                     UnknownSource)
 from .keywords import keywords
 from .learning.base import Plan, Proposal, Usage
 from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
@@ -11,9 +12,8 @@ from .stores.base import ApiKey, Erased, Evidence, Store, register_store
 
 __all__ = [
     "ApiKey", "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Erased",
-    "Evidence", "ExtractorError", "Fact", "FactChange", "Hit", "InvalidInput", "Memory", "MemshelfError", "Message",
-    "NotFound", "Owner", "Plan", "Proposal", "SearchResult",
-    "Shelf", "Store", "StoreError", "StoreUnavailable", "UnknownSource", "Usage", "keywords", "register_embedder",
-    "register_store",
+    "Evidence", "ExtractorError", "ExtractorUnavailable", "Fact", "FactChange", "Hit", "InvalidInput", "Memory",
+    "MemshelfError", "Message", "NotFound", "Owner", "Plan", "Proposal", "SearchResult", "Shelf", "Store",
+    "StoreError", "StoreUnavailable", "UnknownSource", "Usage", "keywords", "register_embedder", "register_store",
 ]
 __version__ = "0.1.0"

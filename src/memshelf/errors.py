@@ -46,3 +46,8 @@ class ConfigError(MemshelfError):
 
 class ExtractorError(MemshelfError):
     """The extractor is misconfigured or answered with something unusable (unknown name, bad reply)."""
+
+
+class ExtractorUnavailable(ExtractorError):
+    """The extractor's model service could not answer now (refused, timeout, HTTP 429 or 5xx): nothing was
+    learned, the thread's watermark did not move, and the same call can succeed when retried."""

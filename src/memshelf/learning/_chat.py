@@ -26,7 +26,7 @@ import httpx
 
 from ..embedders.base import MAX_TIMEOUT, _seconds_setting, embedding_deadline
 from ..embedders.openai import _error_text
-from ..errors import ExtractorError
+from ..errors import ExtractorError, ExtractorUnavailable
 from .base import Extractor, Known, Proposal, Turn, Usage
 
 TIMEOUT_SETTING = "MEMSHELF_EXTRACTOR_TIMEOUT"
@@ -229,11 +229,11 @@ class ChatExtractor(Extractor):
         except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpcore.UnsupportedProtocol) as exc:
             raise ExtractorError(f"{url!r} is not a usable URL ({exc}): {self.url_hint}") from exc
         except (httpx.TimeoutException, httpcore.TimeoutException) as exc:
-            raise ExtractorError(
+            raise ExtractorUnavailable(
                 f"{self.where} did not answer within {self.timeout:g} s, so nothing was learned: "
                 f"{self.unreachable_hint}, or raise {TIMEOUT_SETTING} (or pass timeout=)") from exc
         except (httpx.TransportError, httpcore.NetworkError, httpcore.ProtocolError, httpcore.ProxyError) as exc:
-            raise ExtractorError(f"cannot reach {self.where} ({exc}), so nothing was learned: "
+            raise ExtractorUnavailable(f"cannot reach {self.where} ({exc}), so nothing was learned: "
                                  f"{self.unreachable_hint}") from exc
 
     def _json(self, response: httpx.Response) -> dict[str, Any]:
@@ -241,7 +241,7 @@ class ChatExtractor(Extractor):
         request itself is wrong."""
         status = response.status_code
         if status == 429 or status >= 500:
-            raise ExtractorError(f"{self.where} answered HTTP {status} ({_error_text(response)}), so nothing was "
+            raise ExtractorUnavailable(f"{self.where} answered HTTP {status} ({_error_text(response)}), so nothing was "
                                  f"learned: {self.busy_hint}, then learn again (the same messages are read)")
         if status >= 400:
             raise ExtractorError(

@@ -18,8 +18,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError, InvalidInput,
-                      MemshelfError, NotFound, StoreError, StoreUnavailable, UnknownSource)
+from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError,
+                      ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
+                      UnknownSource)
 
 __all__ = ["ERROR_RESPONSES", "KEY_HINT", "ApiError", "ErrorBody", "ErrorOut", "error_response", "http_error_response",
            "install_error_handlers", "internal_error_response", "memshelf_error_response",
@@ -40,6 +41,7 @@ _STATUS_OF: tuple[tuple[type[MemshelfError], int, str], ...] = (
     (StoreError, 500, "store_error"),
     (EmbedderUnavailable, 503, "embedder_unavailable"),
     (EmbedderError, 502, "embedder_error"),
+    (ExtractorUnavailable, 503, "extractor_unavailable"),  # the model service is down or busy: retry later
     (ExtractorError, 502, "extractor_error"),  # an extractor named in a request is resolved first: a bad name is 422
     (MemshelfError, 400, "error"),
 )
