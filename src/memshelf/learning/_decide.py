@@ -66,13 +66,13 @@ def turns_of(messages: Sequence[Message]) -> list[Turn]:
     return [Turn(m.role, m.content, m.id, m.created_at) for m in messages]
 
 
-def known_for(shelf: Shelf, owner: Owner, turns: Sequence[Turn]) -> Known:
+def known_for(shelf: Shelf, owner: Owner, turns: Sequence[Turn], facts: Sequence[Fact]) -> Known:
     """The owner's current facts and the current memories most related to what the user said in these turns (one
     search: hybrid with an embedder, keywords without)."""
-    facts = {fact.key: fact.value for fact in shelf.facts(owner)}
     said = " ".join(turn.content for turn in turns if turn.role == "user")[:KNOWN_QUERY_CHARS].strip()
     related = [hit.memory for hit in shelf.search(owner, said, limit=KNOWN_MEMORIES)] if said else []
-    return Known(facts, tuple(m.content for m in related), tuple(m.id for m in related))
+    return Known({fact.key: fact.value for fact in facts}, tuple(m.content for m in related),
+                 tuple(m.id for m in related))
 
 
 def extractor_name(extractor: object) -> str:
@@ -106,10 +106,10 @@ class Decider:
     follows the plan as it goes: a second value for one fact key is judged against the first, and a memory closed
     by one proposal cannot be closed again by the next."""
 
-    def __init__(self, shelf: Shelf, owner: Owner, turns: Sequence[Turn]) -> None:
+    def __init__(self, shelf: Shelf, owner: Owner, turns: Sequence[Turn], facts: Sequence[Fact]) -> None:
         self.shelf, self.owner = shelf, owner
         self.said_at: dict[str, datetime | None] = {t.id: t.at for t in turns if t.id is not None}
-        self.facts = {fact.key: fact for fact in shelf.facts(owner)}
+        self.facts = {fact.key: fact for fact in facts}
         self.closed: set[str] = set()
         self.confirmed: list[Proposal] = []  # facts said again with their current value: more evidence, no write
 
@@ -272,9 +272,10 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
         mark = shelf.store.learn_mark(owner, thread)
         logged = shelf.store.messages_after(owner, thread, mark, MAX_TURNS + 1, shelf.now())
         turns = turns_of(logged[:MAX_TURNS])
-    known = known_for(shelf, owner, turns) if turns else Known()
+    facts = shelf.facts(owner)  # read once: what the extractor is shown is what the decisions are checked against
+    known = known_for(shelf, owner, turns, facts) if turns else Known()
     proposals = propose(chosen, turns, known)
-    decider = Decider(shelf, owner, turns)
+    decider = Decider(shelf, owner, turns, facts)
     decided = [decider.decide(p) for p in proposals]
     read = logged[:MAX_TURNS]
     if not dry_run and (read or any(p.op != "skip" for p in decided)):
