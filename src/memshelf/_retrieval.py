@@ -11,6 +11,9 @@ from .stores.base import Scored
 RRF_K = 10
 KEYWORD_WEIGHT = 1.0
 SEMANTIC_WEIGHT = 0.5
+AS_RELEVANT = 0.8
+"""A candidate is as relevant as the best when one retriever scores it at least this share of that retriever's best
+raw score (bm25 or ts_rank for keywords, cosine for meaning). Provenance orders only among those."""
 
 
 @dataclass
@@ -37,3 +40,26 @@ def fuse(by_words: Sequence[Scored], by_meaning: Sequence[Scored], *, k: int = R
             cand.details[f"{name}_rank"] = rank
             cand.details[f"{name}_score"] = round(scored.score, 6)
     return sorted(merged.values(), key=lambda c: -c.score)
+
+
+def strength(candidate: Candidate, best: dict[str, float]) -> float:
+    """How close the candidate comes to the best raw score of either retriever (1.0: it is the best of one)."""
+    shares = [candidate.details[f"{name}_score"] / top for name, top in best.items()
+              if top > 0 and f"{name}_score" in candidate.details]
+    return max(shares, default=0.0)
+
+
+def order(fused: Sequence[Candidate], *, as_relevant: float = AS_RELEVANT) -> list[Candidate]:
+    """Relevance first, provenance among equals: the leading run of the fused ranking whose members are as relevant
+    as the best (see AS_RELEVANT) is ordered by confidence, then fused score; everything after it keeps the fused
+    order (ties by confidence, then newest). So a guess never outranks an equally relevant statement, and a weak
+    match never outranks a strong one whatever its source. When every candidate has the same source, this is the
+    fused order exactly."""
+    ranked = sorted(fused, key=lambda c: (-c.score, -c.memory.confidence, -c.memory.created_at.timestamp()))
+    best = {name: max((c.details.get(f"{name}_score", 0.0) for c in ranked), default=0.0)
+            for name in ("keyword", "semantic")}
+    run = 0
+    while run < len(ranked) and strength(ranked[run], best) >= as_relevant:
+        run += 1
+    lead = sorted(ranked[:run], key=lambda c: (-c.memory.confidence, -c.score, -c.memory.created_at.timestamp()))
+    return lead + ranked[run:]

@@ -28,7 +28,7 @@ from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
                     check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
-from ._retrieval import Candidate, fuse
+from ._retrieval import Candidate, fuse, order
 from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
 from .stores.tables import exported_kinds
 from ._vectors import pack
@@ -363,7 +363,8 @@ class Shelf:
 
         keyword: full-text, ordered by confidence, then match quality, then newest (spec 000).
         semantic: cosine above `floor`, ordered by (score, confidence) (spec 002).
-        hybrid: both, fused, ordered by confidence then fused score. auto: hybrid with an embedder, else keyword.
+        hybrid: both, fused; relevance first, and confidence orders only among hits as relevant as the best
+        (_retrieval.order). auto: hybrid with an embedder, else keyword.
         If the embedder is unreachable, semantic and hybrid fall back to keyword and the result is `degraded`.
         as_of: what was current at that instant (created by then, not yet superseded then); include_superseded:
         superseded memories too.
@@ -408,8 +409,7 @@ class Shelf:
         width = max(CANDIDATES, limit)
         by_words = self.store.keyword_search(owner, terms, width, now, by_confidence=False, view=view)
         by_meaning = self.store.vector_search(owner, self.embedder.model, query, width, floor, now, view)  # type: ignore[union-attr]
-        fused: list[Candidate] = fuse(by_words, by_meaning)
-        fused.sort(key=lambda c: (-c.memory.confidence, -c.score, -c.memory.created_at.timestamp()))
+        fused: list[Candidate] = order(fuse(by_words, by_meaning))
         return SearchResult([Hit(c.memory, c.score, c.retriever, c.details) for c in fused[:limit]], mode="hybrid")
 
     def context(self, owner: Owner, question: str, *, limit: int = 3, mode: str = "auto",
