@@ -1,13 +1,17 @@
-"""Shared helpers for the speed benchmarks: synthetic text, timing, percentiles, machine notes, output."""
+"""Shared helpers for the benchmarks: synthetic text, timing, percentiles, machine notes, output; for the retrieval
+benchmarks, an embedder that embeds each text once per run and the tuning overrides (flags and their application)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
-import shutil
 import platform
+import shutil
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -178,3 +182,108 @@ def embedded_postgres_url(settings: Mapping[str, str] | None = None) -> Iterator
     finally:
         server.cleanup()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------- embedding
+class CachingEmbedder:
+    """Wraps the configured embedder: same model name, so vectors are stamped exactly as the library's own.
+
+    Every text is embedded once per run, however many modes ask for it; `prime` embeds a list in batches.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self._cache: dict[str, np.ndarray] = {}
+        self.seconds = 0.0
+
+    @property
+    def dimensions(self) -> int:
+        return self.inner.dimensions
+
+    def prime(self, texts: Sequence[str]) -> None:
+        self.embed_batch(texts)
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            started = time.perf_counter()
+            vectors = np.asarray(self.inner.embed_batch(missing), dtype=np.float32)
+            self.seconds += time.perf_counter() - started
+            self._cache.update(zip(missing, vectors))
+        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimensions), np.float32)
+
+    def embed(self, text: str) -> np.ndarray:
+        return self.embed_batch([text])[0]
+
+
+# ---------------------------------------------------------------------------------------------------- overrides
+def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Set module constants for an experiment; returns what was changed (recorded in the JSON)."""
+    changes: list[tuple[str, str, str]] = []
+    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"),
+                 "semantic_weight": ("memshelf._retrieval", "SEMANTIC_WEIGHT"),
+                 "keyword_weight": ("memshelf._retrieval", "KEYWORD_WEIGHT"),
+                 "candidates": ("memshelf.shelf", "CANDIDATES"), "query_terms": ("memshelf.shelf", "MAX_QUERY_TERMS")}
+    for option, (module, name) in shortcuts.items():
+        value = getattr(args, option)
+        if value is not None:
+            changes.append((module, name, value))
+    for item in args.set or []:
+        target, _, value = item.partition("=")
+        module, _, name = target.rpartition(".")
+        if not module or not name or not value:
+            sys.exit(f"--set wants module.NAME=value, e.g. memshelf._retrieval.RRF_K=20; got {item!r}")
+        changes.append((module, name, value))
+    applied: dict[str, Any] = {}
+    for module_name, name, raw in changes:
+        module = importlib.import_module(module_name)
+        if not hasattr(module, name):
+            sys.exit(f"{module_name} has no {name}: nothing to override")
+        old = getattr(module, name)
+        value: Any = raw
+        if isinstance(old, bool):
+            value = str(raw).lower() in ("1", "true", "yes")
+        elif isinstance(old, (int, float)):
+            value = type(old)(float(raw)) if isinstance(old, float) else int(raw)
+        setattr(module, name, value)
+        applied[f"{module_name}.{name}"] = value
+    # fuse() binds its defaults at definition time: re-read the module constants on every call.
+    retrieval = importlib.import_module("memshelf._retrieval")
+    shelf_module = importlib.import_module("memshelf.shelf")
+    if any(k.startswith("memshelf._retrieval.") for k in applied) and shelf_module.fuse is retrieval.fuse:
+        original = retrieval.fuse
+
+        def fuse(by_words, by_meaning, **kw):  # type: ignore[no-untyped-def]
+            kw.setdefault("k", retrieval.RRF_K)
+            kw.setdefault("keyword_weight", retrieval.KEYWORD_WEIGHT)
+            kw.setdefault("semantic_weight", retrieval.SEMANTIC_WEIGHT)
+            return original(by_words, by_meaning, **kw)
+
+        shelf_module.fuse = fuse
+    return applied
+
+
+def add_override_flags(parser: argparse.ArgumentParser) -> None:
+    """The tuning flags apply_overrides reads: --rrf-k, --semantic-weight, --keyword-weight, --candidates,
+    --query-terms, --set."""
+    parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf._retrieval.RRF_K")
+    parser.add_argument("--semantic-weight", dest="semantic_weight", default=None,
+                        help="override memshelf._retrieval.SEMANTIC_WEIGHT")
+    parser.add_argument("--keyword-weight", dest="keyword_weight", default=None,
+                        help="override memshelf._retrieval.KEYWORD_WEIGHT")
+    parser.add_argument("--candidates", default=None, help="override memshelf.shelf.CANDIDATES")
+    parser.add_argument("--query-terms", dest="query_terms", default=None,
+                        help="override memshelf.shelf.MAX_QUERY_TERMS")
+    parser.add_argument("--set", action="append", metavar="module.NAME=value",
+                        help="override any module constant, e.g. --set memshelf._retrieval.RRF_K=20 (repeatable)")
+
+
+def shared_data(name: str) -> Path:
+    """../shared/data/NAME beside the repository; from a git worktree nested deeper (e.g. wt/NAME beside main), the
+    first such folder up the tree that holds the file. The nearest path when none does, for the error message."""
+    repo = Path(__file__).resolve().parents[1]
+    for parent in repo.parents:
+        if (parent / "shared" / "data" / name).is_file():
+            return parent / "shared" / "data" / name
+    return repo.parent / "shared" / "data" / name

@@ -28,7 +28,6 @@ experiments need no edit of the library; the defaults measure the library exactl
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -46,13 +45,13 @@ from collections.abc import Sequence
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import embedded_postgres_url  # noqa: E402
+from _common import (  # noqa: E402
+    CachingEmbedder, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo10.json"
+DEFAULT_DATA = shared_data("locomo10.json")
 MODES = ("keyword", "semantic", "hybrid", "auto")
 KS = (5, 10)
 METRICS = ("any@5", "frac@5", "all@5", "any@10", "frac@10")
@@ -138,39 +137,6 @@ def mine(shelf: Any, owner: Any, conv: Conversation, mined: Mined) -> None:
                 learned.setdefault((proposal.topic or "", proposal.content or ""), set()).update(proposal.evidence)
 
 
-# ---------------------------------------------------------------------------------------------------- embedding
-class CachingEmbedder:
-    """Wraps the configured embedder: same model name, so vectors are stamped exactly as the library's own.
-
-    Every text is embedded once per run, however many modes ask for it; `prime` embeds a list in batches.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.model = inner.model
-        self._cache: dict[str, np.ndarray] = {}
-        self.seconds = 0.0
-
-    @property
-    def dimensions(self) -> int:
-        return self.inner.dimensions
-
-    def prime(self, texts: Sequence[str]) -> None:
-        self.embed_batch(texts)
-
-    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        if missing:
-            started = time.perf_counter()
-            vectors = np.asarray(self.inner.embed_batch(missing), dtype=np.float32)
-            self.seconds += time.perf_counter() - started
-            self._cache.update(zip(missing, vectors))
-        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimensions), np.float32)
-
-    def embed(self, text: str) -> np.ndarray:
-        return self.embed_batch([text])[0]
-
-
 # ---------------------------------------------------------------------------------------------------- scoring
 def score(retrieved: Sequence[set[str]], evidence: frozenset[str]) -> dict[str, float]:
     """retrieved: for each hit, best first, the dia_ids it stands for."""
@@ -185,53 +151,6 @@ def score(retrieved: Sequence[set[str]], evidence: frozenset[str]) -> dict[str, 
 
 def average(rows: list[dict[str, float]]) -> dict[str, float]:
     return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in METRICS}
-
-
-# ---------------------------------------------------------------------------------------------------- overrides
-def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Set module constants for an experiment; returns what was changed (recorded in the JSON)."""
-    changes: list[tuple[str, str, str]] = []
-    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"),
-                 "semantic_weight": ("memshelf._retrieval", "SEMANTIC_WEIGHT"),
-                 "keyword_weight": ("memshelf._retrieval", "KEYWORD_WEIGHT"),
-                 "candidates": ("memshelf.shelf", "CANDIDATES"), "query_terms": ("memshelf.shelf", "MAX_QUERY_TERMS")}
-    for option, (module, name) in shortcuts.items():
-        value = getattr(args, option)
-        if value is not None:
-            changes.append((module, name, value))
-    for item in args.set or []:
-        target, _, value = item.partition("=")
-        module, _, name = target.rpartition(".")
-        if not module or not name or not value:
-            sys.exit(f"--set wants module.NAME=value, e.g. memshelf._retrieval.RRF_K=20; got {item!r}")
-        changes.append((module, name, value))
-    applied: dict[str, Any] = {}
-    for module_name, name, raw in changes:
-        module = importlib.import_module(module_name)
-        if not hasattr(module, name):
-            sys.exit(f"{module_name} has no {name}: nothing to override")
-        old = getattr(module, name)
-        value: Any = raw
-        if isinstance(old, bool):
-            value = str(raw).lower() in ("1", "true", "yes")
-        elif isinstance(old, (int, float)):
-            value = type(old)(float(raw)) if isinstance(old, float) else int(raw)
-        setattr(module, name, value)
-        applied[f"{module_name}.{name}"] = value
-    # fuse() binds its defaults at definition time: re-read the module constants on every call.
-    retrieval = importlib.import_module("memshelf._retrieval")
-    shelf_module = importlib.import_module("memshelf.shelf")
-    if any(k.startswith("memshelf._retrieval.") for k in applied) and shelf_module.fuse is retrieval.fuse:
-        original = retrieval.fuse
-
-        def fuse(by_words, by_meaning, **kw):  # type: ignore[no-untyped-def]
-            kw.setdefault("k", retrieval.RRF_K)
-            kw.setdefault("keyword_weight", retrieval.KEYWORD_WEIGHT)
-            kw.setdefault("semantic_weight", retrieval.SEMANTIC_WEIGHT)
-            return original(by_words, by_meaning, **kw)
-
-        shelf_module.fuse = fuse
-    return applied
 
 
 # ---------------------------------------------------------------------------------------------------- run
@@ -364,16 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also learn from each conversation with the rules extractor before the questions")
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
-    parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf._retrieval.RRF_K")
-    parser.add_argument("--semantic-weight", dest="semantic_weight", default=None,
-                        help="override memshelf._retrieval.SEMANTIC_WEIGHT")
-    parser.add_argument("--keyword-weight", dest="keyword_weight", default=None,
-                        help="override memshelf._retrieval.KEYWORD_WEIGHT")
-    parser.add_argument("--candidates", default=None, help="override memshelf.shelf.CANDIDATES")
-    parser.add_argument("--query-terms", dest="query_terms", default=None,
-                        help="override memshelf.shelf.MAX_QUERY_TERMS")
-    parser.add_argument("--set", action="append", metavar="module.NAME=value",
-                        help="override any module constant, e.g. --set memshelf._retrieval.RRF_K=20 (repeatable)")
+    add_override_flags(parser)
     args = parser.parse_args(argv)
     if args.floor is None:
         from memshelf import shelf as shelf_module
