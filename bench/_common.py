@@ -4,6 +4,7 @@ benchmarks, an embedder that embeds each text once per run and the tuning overri
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -188,14 +189,29 @@ def embedded_postgres_url(settings: Mapping[str, str] | None = None) -> Iterator
 class CachingEmbedder:
     """Wraps the configured embedder: same model name, so vectors are stamped exactly as the library's own.
 
-    Every text is embedded once per run, however many modes ask for it; `prime` embeds a list in batches.
+    Every text is embedded once per run, however many modes ask for it; `prime` embeds a list in batches. With a
+    `cache_dir`, vectors also persist between runs in one .npy pair per model (keys are SHA-1 of the text), so a
+    rerun of a retrieval benchmark embeds only texts it has not seen; `save()` writes what was added. Any attribute
+    the wrapper does not define (a piece size, say) is the inner embedder's.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, cache_dir: str | Path | None = None) -> None:
         self.inner = inner
         self.model = inner.model
         self._cache: dict[str, np.ndarray] = {}
+        self._stored: dict[bytes, np.ndarray] = {}
+        self._added = 0
         self.seconds = 0.0
+        self._path: Path | None = None
+        if cache_dir:
+            safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(self.model))
+            self._path = Path(cache_dir) / f"embeddings-{safe}"
+            keys, vectors = self._path.with_suffix(".keys.npy"), self._path.with_suffix(".vectors.npy")
+            if keys.is_file() and vectors.is_file():
+                self._stored = dict(zip(np.load(keys).tolist(), np.load(vectors)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     @property
     def dimensions(self) -> int:
@@ -206,15 +222,46 @@ class CachingEmbedder:
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing and self._stored:
+            for text in missing:
+                hit = self._stored.get(_digest(text))
+                if hit is not None:
+                    self._cache[text] = hit
+            missing = [t for t in missing if t not in self._cache]
         if missing:
             started = time.perf_counter()
             vectors = np.asarray(self.inner.embed_batch(missing), dtype=np.float32)
             self.seconds += time.perf_counter() - started
             self._cache.update(zip(missing, vectors))
+            if self._path is not None:
+                self._stored.update(zip(map(_digest, missing), vectors))
+                self._added += len(missing)
         return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimensions), np.float32)
 
     def embed(self, text: str) -> np.ndarray:
         return self.embed_batch([text])[0]
+
+    def save(self) -> None:
+        """Write the persistent cache if this run added vectors to it (no-op without a cache_dir)."""
+        if self._path is None or not self._added:
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        keys = np.array(list(self._stored), dtype="S20")
+        vectors = np.stack(list(self._stored.values())).astype(np.float32)
+        np.save(self._path.with_suffix(".keys.npy"), keys)
+        np.save(self._path.with_suffix(".vectors.npy"), vectors)
+        print(f"embedding cache: {len(keys):,} vectors in {self._path.parent} ({self._added:,} new)")
+        self._added = 0
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha1(text.encode("utf-8")).digest()
+
+
+def add_cache_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--embed-cache", metavar="DIR", default=None,
+                        help="keep text embeddings between runs in DIR (e.g. bench/results/cache); off by default, "
+                             "so a run measures embedding time unless asked not to")
 
 
 # ---------------------------------------------------------------------------------------------------- overrides

@@ -48,7 +48,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    CachingEmbedder, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
+    CachingEmbedder, add_cache_flag, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("locomo10.json")
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if inner is None and set(modes) - {"keyword"}:
         sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
                  "--modes keyword")
-    embedder = CachingEmbedder(inner) if inner is not None else None
+    embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
     mined = Mined()
     mined_share: dict[str, list[float]] = defaultdict(list)
     per_mode: dict[str, list[tuple[int, dict[str, float]]]] = {m: [] for m in modes}
@@ -214,6 +214,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         per_mode[mode].append((question.category, score(retrieved, question.evidence)))
         finally:
             shelf.close()
+            if embedder is not None:
+                embedder.save()
     results: dict[str, Any] = {}
     for mode, rows in per_mode.items():
         results[mode] = {
@@ -284,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
     add_override_flags(parser)
+    add_cache_flag(parser)
     args = parser.parse_args(argv)
     if args.floor is None:
         from memshelf import shelf as shelf_module

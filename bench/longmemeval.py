@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    CachingEmbedder, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
+    CachingEmbedder, add_cache_flag, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("longmemeval_s_dev.json")
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if inner is None and set(modes) - {"keyword"}:
         sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
                  "--modes keyword")
-    embedder = CachingEmbedder(inner) if inner is not None else None
+    embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
     rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in modes}
     per_question: list[dict[str, Any]] = []
     search_seconds: dict[str, float] = defaultdict(float)
@@ -164,6 +164,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 per_question.append(record)
         finally:
             shelf.close()
+            if embedder is not None:
+                embedder.save()
     types = sorted({q.question_type for q in questions}, key=lambda t: (-sum(q.question_type == t
                                                                              for q in questions), t))
     results: dict[str, Any] = {}
@@ -227,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--questions", type=int, default=0, help="only the first N questions (quick runs)")
     add_override_flags(parser)
+    add_cache_flag(parser)
     args = parser.parse_args(argv)
     if args.floor is None:
         from memshelf import shelf as shelf_module
