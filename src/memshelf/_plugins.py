@@ -122,6 +122,29 @@ class Availability:
     problem: str | None = None  # what is missing and how to install it, or why the plugin failed to load
 
 
+
+R = TypeVar("R", bound=Requirements)
+
+
+def availability(names: Sequence[str], in_code: Mapping[str, object], group: PluginGroup[R],
+                 find: Callable[[str], R | None], problem: Callable[[str, R], str]) -> list[Availability]:
+    """What `memshelf providers` lists for one kind: each name, where it comes from, and whether it can be used here.
+    A plugin that fails to load is reported, not raised; `problem(name, provider)` words what is missing when a
+    provider's requirements are not installed."""
+    listed = []
+    for name in names:
+        origin = "registered in code" if name in in_code else group.origin(name)
+        try:
+            found = find(name)
+        except group.error as exc:
+            listed.append(Availability(name, origin, False, str(exc)))
+            continue
+        if found is None or found.available:
+            listed.append(Availability(name, origin, found is not None))
+        else:
+            listed.append(Availability(name, origin, False, problem(name, found)))
+    return listed
+
 _lock = threading.Lock()
 _points: dict[str, dict[str, EntryPoint]] = {}
 _groups: list[PluginGroup[Any]] = []

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
-from .._plugins import Availability, PluginGroup, Requirements, accepting, find_provider, provider_names
+from .._plugins import Availability, PluginGroup, availability, Requirements, accepting, find_provider, provider_names
 
 
 class Embedder(ABC):
@@ -224,17 +224,8 @@ def _unavailable(name: str, provider: EmbedderProvider) -> str | None:
 
 def embedder_availability() -> list[Availability]:
     """Every embedder provider, where it comes from, and whether it can be used here (`memshelf providers`)."""
-    return [_availability(name) for name in registered_providers()]
-
-
-def _availability(name: str) -> Availability:
-    origin = "registered in code" if name in _REGISTRY else _PLUGINS.origin(name)
-    try:
-        found = embedder_provider(name)
-    except EmbedderError as exc:  # a plugin that fails to load is reported, not raised, in a listing
-        return Availability(name, origin, False, str(exc))
-    problem = None if found is None else _unavailable(name, found)
-    return Availability(name, origin, problem is None, problem)
+    return availability(registered_providers(), _REGISTRY, _PLUGINS, embedder_provider,
+                        lambda name, found: _unavailable(name, found) or "")
 
 
 def default_embedder_spec() -> str | None:

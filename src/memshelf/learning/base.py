@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, get_args
 
-from .._plugins import Availability, PluginGroup, Requirements, accepting, find_provider, provider_names
+from .._plugins import Availability, PluginGroup, availability, Requirements, accepting, find_provider, provider_names
 from ..errors import ExtractorError
 
 Op = Literal["remember", "set_fact", "supersede", "skip"]
@@ -208,29 +208,18 @@ def resolve_extractor(spec: object = None) -> Extractor:
             f"unknown extractor {name!r}; registered extractors are {known}. Register your own with "
             "memshelf.learning.register_extractor(name, factory), or install a distribution that declares it in "
             f"the 'memshelf.extractors' entry point group{_PLUGINS.missing_own_hint()}")
-    missing = found.missing()
-    if missing:
-        needs = " and ".join(missing)
-        raise ExtractorError(f"the {name} extractor needs {needs}: {found.install or 'install ' + needs}, "
-                             f"or choose another extractor (e.g. 'rules')")
+    if not found.available:
+        raise ExtractorError(_unavailable(name, found))
     return found.create(model or None)
 
 
 def extractor_availability() -> list[Availability]:
     """Every extractor name, where it comes from, and whether it can be used here (`memshelf providers`)."""
-    return [_availability(name) for name in registered_extractors()]
+    return availability(registered_extractors(), _REGISTRY, _PLUGINS, extractor_provider, _unavailable)
 
 
-def _availability(name: str) -> Availability:
-    origin = "registered in code" if name in _REGISTRY else _PLUGINS.origin(name)
-    try:
-        found = extractor_provider(name)
-    except ExtractorError as exc:  # a plugin that fails to load is reported, not raised, in a listing
-        return Availability(name, origin, False, str(exc))
-    missing = [] if found is None else found.missing()
-    if found is None or not missing:
-        return Availability(name, origin, found is not None)
+def _unavailable(name: str, found: ExtractorProvider) -> str:
+    missing = found.missing()
     needs = " and ".join(missing)
-    return Availability(name, origin, False, f"the {name} extractor needs {needs}, which "
-                        f"{'is' if len(missing) == 1 else 'are'} not installed: {found.install or 'install ' + needs}, "
-                        "or choose another extractor (e.g. 'rules')")
+    return (f"the {name} extractor needs {needs}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"{found.install or 'install ' + needs}, or choose another extractor (e.g. 'rules')")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .._plugins import Availability, PluginGroup, Requirements, accepting, find_provider, provider_names
+from .._plugins import Availability, PluginGroup, availability, Requirements, accepting, find_provider, provider_names
 
 if TYPE_CHECKING:
     from .base import Store
@@ -71,19 +71,8 @@ def store_provider(scheme: str) -> StoreProvider | None:
 
 def store_availability() -> list[Availability]:
     """Every storage scheme, where its backend comes from, and whether it can be used here (`memshelf providers`)."""
-    return [_availability(scheme) for scheme in registered_schemes()]
-
-
-def _availability(scheme: str) -> Availability:
-    origin = "registered in code" if scheme in _SCHEMES else _PLUGINS.origin(scheme)
-    try:
-        found = store_provider(scheme)
-    except ConfigError as exc:  # a plugin that fails to load is reported, not raised, in a listing
-        return Availability(scheme, origin, False, str(exc))
-    missing = [] if found is None else found.missing()
-    if found is None or not missing:
-        return Availability(scheme, origin, found is not None)
-    return Availability(scheme, origin, False, str(_needs_extras(scheme, found, missing[0])))
+    return availability(registered_schemes(), _SCHEMES, _PLUGINS, store_provider,
+                        lambda scheme, found: str(_needs_extras(scheme, found, found.missing()[0])))
 
 
 def _usable_provider(target: str) -> tuple[str, StoreProvider]:
