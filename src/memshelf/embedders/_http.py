@@ -19,7 +19,7 @@ import httpcore
 import httpx
 import numpy as np
 
-from ..errors import EmbedderError, EmbedderUnavailable
+from ..errors import EmbedderError, EmbedderUnavailable, MemshelfError
 from .base import Embedder, as_matrix, embedding_deadline, embedding_time_left
 
 
@@ -116,26 +116,81 @@ def deadline_client(timeout: float, **options: Any) -> httpx.Client:
     return httpx.Client(timeout=timeout, transport=DeadlineTransport(), **options)
 
 
-class HttpEmbedder(Embedder):
-    """Subclasses set `where` (the service, for messages), the hints, `batch_size`, `timeout` and `_client` (made
-    by `deadline_client`), and implement `_embed_chunk`; `embed_batch` is built on it.
+class JsonService:
+    """A client of an HTTP JSON API, embedding or chat: one POST within the request's deadline, and every way it can
+    fail said in the caller's terms. Subclasses set `where` (the service, for messages), `model_name`, the hints,
+    `timeout` and `_client` (made by `deadline_client`); each family sets its two error classes, what a request
+    was for (`task`), what a failure costs (`lost`), and how to wait longer (`_too_slow`)."""
+
+    where: str
+    model_name: str
+    timeout: float
+    _client: httpx.Client
+    unreachable_hint: str  # what to do when the service cannot be reached or does not answer in time
+    url_hint: str          # what to fix when the address is not a usable URL
+    busy_hint: str         # what to do on 429 / 5xx
+    not_json_hint: str     # what to check when the reply is not the API's JSON
+    error: type[MemshelfError]        # the request is wrong: a retry will not fix it
+    unavailable: type[MemshelfError]  # the service is down or busy: try later
+    task: str              # "embed with": what the refused request was for, before the model name
+    lost: str = ""         # ", so nothing was learned": what the failure cost, if anything
+    again: str = ""        # what to do once the service is back, after the busy hint
+
+    def close(self) -> None:
+        """Release the pooled connections; call it when a long-lived program is done with this client."""
+        self._client.close()
+
+    @abstractmethod
+    def _too_slow(self) -> str:
+        """The message when the service does not answer before the deadline."""
+
+    def _post(self, url: str, payload: dict[str, Any]) -> httpx.Response:
+        try:
+            with embedding_deadline(self.timeout):
+                return self._client.post(url, json=payload)
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpcore.UnsupportedProtocol) as exc:
+            raise self.error(f"{url!r} is not a usable URL ({exc}): {self.url_hint}") from exc
+        except (httpx.TimeoutException, httpcore.TimeoutException) as exc:
+            raise self.unavailable(self._too_slow()) from exc
+        except (httpx.TransportError, httpcore.NetworkError, httpcore.ProtocolError, httpcore.ProxyError) as exc:
+            raise self.unavailable(f"cannot reach {self.where} ({exc}){self.lost}: {self.unreachable_hint}") from exc
+
+    def _json(self, response: httpx.Response, error_text: str) -> dict[str, Any]:
+        """The JSON object of a reply the subclass has not refused: 429 and 5xx mean try later, other 4xx mean the
+        request itself is wrong."""
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise self.unavailable(
+                f"{self.where} answered HTTP {status} ({error_text}){self.lost}: {self.busy_hint}{self.again}")
+        if status >= 400:
+            raise self.error(f"{self.where} refused to {self.task} {self.model_name!r} (HTTP {status}: {error_text}): "
+                             "check the model name and settings")
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise self.error(f"{self.where} answered with something that is not JSON: {self.not_json_hint}") from exc
+        if not isinstance(body, dict):
+            raise self.error(f"{self.where} answered with unexpected JSON: {self.not_json_hint}")
+        return body
+
+
+class HttpEmbedder(JsonService, Embedder):
+    """Subclasses set what JsonService asks for and `batch_size`, and implement `_embed_chunk`; `embed_batch` is
+    built on it.
 
     `timeout` is the total time one HTTP request may take (connect, send, and every read); a caller's
     `embedding_deadline` can only shorten it.
     """
 
-    where: str
     batch_size: int
-    timeout: float
-    _client: httpx.Client
-    unreachable_hint: str  # what to do when the service cannot be reached
-    url_hint: str          # what to fix when the address is not a usable URL
-    busy_hint: str         # what to do on 429 / 5xx
-    not_json_hint: str     # what to check when the reply is not the API's JSON
+    error = EmbedderError
+    unavailable = EmbedderUnavailable
+    task = "embed with"
 
-    def close(self) -> None:
-        """Release the pooled connections; call it when a long-lived program is done with this embedder."""
-        self._client.close()
+    def _too_slow(self) -> str:
+        return (f"{self.where} did not answer in time: {self.unreachable_hint}, or raise the timeout "
+                "(MEMSHELF_EMBED_WRITE_TIMEOUT for writes, MEMSHELF_EMBED_SEARCH_TIMEOUT for searches, the "
+                "embedder's timeout for backfill)")
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         if len(texts) == 0:
@@ -153,38 +208,6 @@ class HttpEmbedder(Embedder):
 
     def _finish(self, matrix: np.ndarray) -> np.ndarray:
         return matrix
-
-    def _post(self, url: str, payload: dict[str, Any]) -> httpx.Response:
-        try:
-            with embedding_deadline(self.timeout):
-                return self._client.post(url, json=payload)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpcore.UnsupportedProtocol) as exc:
-            raise EmbedderError(f"{url!r} is not a usable URL ({exc}): {self.url_hint}") from exc
-        except (httpx.TimeoutException, httpcore.TimeoutException) as exc:
-            raise EmbedderUnavailable(
-                f"{self.where} did not answer in time: {self.unreachable_hint}, or raise the timeout "
-                "(MEMSHELF_EMBED_WRITE_TIMEOUT for writes, MEMSHELF_EMBED_SEARCH_TIMEOUT for searches, the "
-                "embedder's timeout for backfill)") from exc
-        except (httpx.TransportError, httpcore.NetworkError, httpcore.ProtocolError, httpcore.ProxyError) as exc:
-            raise EmbedderUnavailable(f"cannot reach {self.where} ({exc}): {self.unreachable_hint}") from exc
-
-    def _json(self, response: httpx.Response, error_text: str) -> dict[str, Any]:
-        """The JSON object of a reply the subclass has not refused: 429 and 5xx mean try later, other 4xx mean the
-        request itself is wrong."""
-        status = response.status_code
-        if status == 429 or status >= 500:
-            raise EmbedderUnavailable(f"{self.where} answered HTTP {status} ({error_text}): {self.busy_hint}")
-        if status >= 400:
-            raise EmbedderError(
-                f"{self.where} refused to embed with {self.model!r} (HTTP {status}: {error_text}): "
-                "check the model name and settings")
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise EmbedderError(f"{self.where} answered with something that is not JSON: {self.not_json_hint}") from exc
-        if not isinstance(body, dict):
-            raise EmbedderError(f"{self.where} answered with unexpected JSON: {self.not_json_hint}")
-        return body
 
     def _count_checked(self, rows: object, expected: int) -> list[Any]:
         if not isinstance(rows, list) or len(rows) != expected:

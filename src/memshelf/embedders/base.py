@@ -100,15 +100,15 @@ def embedding_time_left() -> float | None:
 
 def write_timeout() -> float:
     """The write path's deadline for embedding: MEMSHELF_EMBED_WRITE_TIMEOUT, else WRITE_TIMEOUT."""
-    return _seconds_setting("MEMSHELF_EMBED_WRITE_TIMEOUT", WRITE_TIMEOUT)
+    return seconds_setting("MEMSHELF_EMBED_WRITE_TIMEOUT", WRITE_TIMEOUT)
 
 
 def search_timeout() -> float:
     """A search's deadline for embedding the question: MEMSHELF_EMBED_SEARCH_TIMEOUT, else SEARCH_TIMEOUT."""
-    return _seconds_setting("MEMSHELF_EMBED_SEARCH_TIMEOUT", SEARCH_TIMEOUT)
+    return seconds_setting("MEMSHELF_EMBED_SEARCH_TIMEOUT", SEARCH_TIMEOUT)
 
 
-def _seconds_setting(name: str, default: float) -> float:
+def seconds_setting(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default

@@ -19,7 +19,7 @@ DEFAULT_MODEL = "text-embedding-3-small"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
-def _error_text(response: httpx.Response) -> str:
+def error_text(response: httpx.Response) -> str:
     """The server's own error message: OpenAI's {"error": {"message"}}, or the shapes compatible servers use."""
     try:
         body = response.json()
@@ -92,10 +92,10 @@ class OpenAIEmbedder(HttpEmbedder):
         """The JSON body of a successful reply; otherwise the error translated into one of ours."""
         if response.status_code in (401, 403):
             raise EmbedderError(
-                f"{self.base_url} rejected the API key (HTTP {response.status_code}: {_error_text(response)}): "
+                f"{self.base_url} rejected the API key (HTTP {response.status_code}: {error_text(response)}): "
                 "set OPENAI_API_KEY (or pass api_key=) to a key that may use the embeddings API"
             )
-        return self._json(response, _error_text(response))
+        return self._json(response, error_text(response))
 
 
 def _factory(model: str | None) -> OpenAIEmbedder:

@@ -21,11 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpcore
-import httpx
 
-from ..embedders.base import MAX_TIMEOUT, _seconds_setting, embedding_deadline
-from ..embedders.openai import _error_text
+from ..embedders._http import JsonService
+from ..embedders.base import MAX_TIMEOUT, seconds_setting
 from ..errors import ExtractorError, ExtractorUnavailable
 from .base import Extractor, Known, Proposal, Turn, Usage
 
@@ -128,7 +126,7 @@ def _plus(total: int | None, more: int | None) -> int | None:
 def extractor_timeout(timeout: float | None) -> float:
     """The argument if given, else MEMSHELF_EXTRACTOR_TIMEOUT, else DEFAULT_TIMEOUT."""
     if timeout is None:
-        return _seconds_setting(TIMEOUT_SETTING, DEFAULT_TIMEOUT)
+        return seconds_setting(TIMEOUT_SETTING, DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
         raise ExtractorError(f"timeout must be the seconds one request may take in all (above 0), got {timeout!r}")
     return float(timeout)
@@ -167,23 +165,15 @@ def retry_messages(messages: list[dict[str, str]], bad: str, why: str) -> list[d
             {"role": "user", "content": correction}]
 
 
-class ChatExtractor(Extractor):
-    """An extractor backed by a chat model over HTTP. Subclasses set `where` (the service, for messages),
-    `model_name`, the hints, `timeout` and `_client` (made by `deadline_client`), and implement `_chat`: one
-    request, one Reply, errors already translated."""
+class ChatExtractor(JsonService, Extractor):
+    """An extractor backed by a chat model over HTTP. Subclasses set what JsonService asks for and implement
+    `_chat`: one request, one Reply, errors already translated; each request counts in the meter."""
 
-    where: str
-    model_name: str
-    timeout: float
-    _client: httpx.Client
-    unreachable_hint: str  # what to do when the service cannot be reached or does not answer in time
-    url_hint: str          # what to fix when the address is not a usable URL
-    busy_hint: str         # what to do on 429 / 5xx
-    not_json_hint: str     # what to check when the reply is not the API's JSON
-
-    def close(self) -> None:
-        """Release the pooled connections; call it when a long-lived program is done with this extractor."""
-        self._client.close()
+    error = ExtractorError
+    unavailable = ExtractorUnavailable
+    task = "chat with"
+    lost = ", so nothing was learned"
+    again = ", then learn again (the same messages are read)"
 
     def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
         meter = Meter()
@@ -221,40 +211,9 @@ class ChatExtractor(Extractor):
     def _chat(self, messages: list[dict[str, str]], meter: Meter) -> Reply:
         """One answer to the conversation; every request it sends counts in `meter.calls`."""
 
-    def _post(self, url: str, payload: dict[str, Any], meter: Meter) -> httpx.Response:
-        meter.calls += 1
-        try:
-            with embedding_deadline(self.timeout):
-                return self._client.post(url, json=payload)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpcore.UnsupportedProtocol) as exc:
-            raise ExtractorError(f"{url!r} is not a usable URL ({exc}): {self.url_hint}") from exc
-        except (httpx.TimeoutException, httpcore.TimeoutException) as exc:
-            raise ExtractorUnavailable(
-                f"{self.where} did not answer within {self.timeout:g} s, so nothing was learned: "
-                f"{self.unreachable_hint}, or raise {TIMEOUT_SETTING} (or pass timeout=)") from exc
-        except (httpx.TransportError, httpcore.NetworkError, httpcore.ProtocolError, httpcore.ProxyError) as exc:
-            raise ExtractorUnavailable(f"cannot reach {self.where} ({exc}), so nothing was learned: "
-                                 f"{self.unreachable_hint}") from exc
-
-    def _json(self, response: httpx.Response) -> dict[str, Any]:
-        """The JSON object of a reply the subclass has not refused: 429 and 5xx mean try later, other 4xx mean the
-        request itself is wrong."""
-        status = response.status_code
-        if status == 429 or status >= 500:
-            raise ExtractorUnavailable(f"{self.where} answered HTTP {status} ({_error_text(response)}), so nothing was "
-                                 f"learned: {self.busy_hint}, then learn again (the same messages are read)")
-        if status >= 400:
-            raise ExtractorError(
-                f"{self.where} refused to chat with {self.model_name!r} (HTTP {status}: {_error_text(response)}): "
-                "check the model name and settings")
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise ExtractorError(f"{self.where} answered with something that is not JSON: {self.not_json_hint}") \
-                from exc
-        if not isinstance(body, dict):
-            raise ExtractorError(f"{self.where} answered with unexpected JSON: {self.not_json_hint}")
-        return body
+    def _too_slow(self) -> str:
+        return (f"{self.where} did not answer within {self.timeout:g} s, so nothing was learned: "
+                f"{self.unreachable_hint}, or raise {TIMEOUT_SETTING} (or pass timeout=)")
 
 
 def count(value: object) -> int | None:

@@ -13,7 +13,7 @@ import httpx
 
 from ..embedders._http import deadline_client
 from ..embedders.ollama import resolve_ollama_host
-from ..embedders.openai import _error_text
+from ..embedders.openai import error_text
 from ..errors import EmbedderError, ExtractorError
 from ._chat import ANSWER_SCHEMA, INSTALL, MAX_ANSWER_TOKENS, ChatExtractor, Meter, Reply, count, extractor_timeout
 from .base import Extractor, ExtractorProvider
@@ -43,7 +43,8 @@ class OllamaExtractor(ChatExtractor):
     def _chat(self, messages: list[dict[str, str]], meter: Meter) -> Reply:
         payload = {"model": self.model_name, "messages": messages, "stream": False, "format": ANSWER_SCHEMA,
                    "options": {"temperature": 0, "num_predict": MAX_ANSWER_TOKENS}}
-        body = self._reply(self._post("/api/chat", payload, meter))
+        meter.calls += 1
+        body = self._reply(self._post("/api/chat", payload))
         message = body.get("message")
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, str):
@@ -51,12 +52,12 @@ class OllamaExtractor(ChatExtractor):
         return Reply(content, count(body.get("prompt_eval_count")), count(body.get("eval_count")))
 
     def _reply(self, response: httpx.Response) -> dict[str, Any]:
-        said = _error_text(response).lower()
+        said = error_text(response).lower()
         if response.status_code == 404 and "model" in said and "not found" in said:
             raise ExtractorError(
-                f"{self.where} does not have the model {self.model_name!r} ({_error_text(response)}): "
+                f"{self.where} does not have the model {self.model_name!r} ({error_text(response)}): "
                 f"run `ollama pull {self.model_name}`, or pick a model it has (`ollama list`)")
-        return self._json(response)
+        return self._json(response, error_text(response))
 
 
 def _factory(model: str | None) -> Extractor:

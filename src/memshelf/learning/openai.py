@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from ..embedders._http import deadline_client
-from ..embedders.openai import DEFAULT_BASE_URL, _error_text
+from ..embedders.openai import DEFAULT_BASE_URL, error_text
 from ..errors import ExtractorError
 from ._chat import ANSWER_SCHEMA, INSTALL, MAX_ANSWER_TOKENS, ChatExtractor, Meter, Reply, count, extractor_timeout
 from .base import Extractor, ExtractorProvider
@@ -28,7 +28,7 @@ JSON_FORMAT = {"type": "json_object"}
 
 def _rejects_schema(response: httpx.Response) -> bool:
     """A 400 that says the server does not take a JSON schema in response_format."""
-    said = _error_text(response).lower()
+    said = error_text(response).lower()
     return response.status_code == 400 and ("json_schema" in said or "response_format" in said)
 
 
@@ -62,7 +62,8 @@ class OpenAIExtractor(ChatExtractor):
     def _send(self, messages: list[dict[str, str]], meter: Meter) -> httpx.Response:
         payload = {"model": self.model_name, "messages": messages, "temperature": 0, "max_tokens": MAX_ANSWER_TOKENS,
                    "response_format": self.response_format}
-        return self._post(f"{self.base_url}/chat/completions", payload, meter)
+        meter.calls += 1
+        return self._post(f"{self.base_url}/chat/completions", payload)
 
     def _answer(self, body: dict[str, Any]) -> Reply:
         choices = body.get("choices")
@@ -79,14 +80,14 @@ class OpenAIExtractor(ChatExtractor):
     def _reply(self, response: httpx.Response) -> dict[str, Any]:
         if response.status_code in (401, 403):
             raise ExtractorError(
-                f"{self.base_url} rejected the API key (HTTP {response.status_code}: {_error_text(response)}): "
+                f"{self.base_url} rejected the API key (HTTP {response.status_code}: {error_text(response)}): "
                 "set OPENAI_API_KEY (or pass api_key=) to a key that may use the chat completions API")
         if response.status_code == 404:
             raise ExtractorError(
                 f"{self.base_url} has no model {self.model_name!r} or no /chat/completions "
-                f"(HTTP 404: {_error_text(response)}): check the model name, and that OPENAI_BASE_URL ends "
+                f"(HTTP 404: {error_text(response)}): check the model name, and that OPENAI_BASE_URL ends "
                 "where the API's paths begin (often .../v1)")
-        return self._json(response)
+        return self._json(response, error_text(response))
 
 
 def _factory(model: str | None) -> Extractor:
