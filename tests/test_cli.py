@@ -332,3 +332,16 @@ def test_help_shows_defaults_and_environment_variables(tmp_path):
     assert "MEMSHELF_DATABASE_URL" in " ".join(shown.split()) and "default ./memshelf.db" in " ".join(shown.split())
     assert "<bool>" not in shown
     assert "[default: stated]" in " ".join(ok(tmp_path, "remember", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("args, says", [
+    (("export", "--out", "/no/such/dir/x.jsonl"), "cannot write /no/such/dir/x.jsonl"),
+    (("serve", "--port", "99999"), "--port 99999 is not a TCP port"),
+    (("serve", "--workers", "0"), "--workers 0"),
+    (("remember", "t", "c", "--ttl", "1e15"), "over the limit"),
+])
+def test_bad_options_are_one_line_errors_not_tracebacks(tmp_path, args, says):
+    proc = run(tmp_path, *args)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr

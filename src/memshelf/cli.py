@@ -442,7 +442,11 @@ def export(ctx: typer.Context, out_file: Path | None = typer.Option(None, "--out
     """Write every record of the user as JSON Lines."""
     s = _settings(ctx)
     with _shelf(ctx, embedder=None) as shelf:
-        stream = open(out_file, "w", encoding="utf-8") if out_file else sys.stdout
+        try:
+            stream = open(out_file, "w", encoding="utf-8") if out_file else sys.stdout
+        except OSError as exc:
+            raise MemshelfError(f"cannot write {out_file}: {exc.strerror}; pass --out a file in a folder that exists "
+                                "and you may write to, or leave --out out to write to stdout") from None
         try:
             for record in shelf.export(s.owner()):
                 stream.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -503,6 +507,10 @@ def serve(ctx: typer.Context, host: str = typer.Option("127.0.0.1", help="Addres
     from .server import serve as run_server
 
     s = _settings(ctx)
+    if not 0 < port < 65536:
+        raise MemshelfError(f"--port {port} is not a TCP port: pass one from 1 to 65535, such as 8077")
+    if workers < 1:
+        raise MemshelfError(f"--workers {workers}: pass 1 or more worker processes")
     run_server(host=host, port=port, workers=workers, db=s.db, embedder=s.embedder)
 
 
