@@ -23,6 +23,7 @@ from memshelf.stores.base import Evidence
 from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names, index_statements
 from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
 from memshelf.stores.sqlite import SQLiteStore
+from memshelf.testing import Clock
 from memshelf._vectors import pack
 
 A = Owner("tenant-a", "alice")
@@ -813,3 +814,68 @@ def test_an_interrupted_migration_resumes_and_a_diverged_destination_is_refused(
         source.close()
         dest.close()
     pg_server.drop(url)
+
+
+# ---------------------------------------------------------------- keyword ranking: bm25 over the owner's memories
+FILLER = [f"The weekly report number {i} is filed." for i in range(12)]
+
+
+def _ranked(shelf: Shelf, owner: Owner, question: str) -> list[tuple[str, float]]:
+    return [(hit.memory.content, hit.score) for hit in shelf.search(owner, question, mode="keyword", limit=20)]
+
+
+def test_a_rare_word_outranks_a_common_one(pg_fresh_url):
+    """Inverse document frequency: 'falcon' is in one of the owner's memories, 'report' in thirteen, so the line
+    with the rare word comes first although the other is newer (plain ts_rank scored them the same)."""
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember_many(A, [{"topic": "t", "content": text} for text in FILLER])
+        shelf.remember(A, "t", "The falcon landed.")
+        shelf.remember(A, "t", "The report landed.")
+        ranked = _ranked(shelf, A, "falcon report")
+        assert ranked[0][0] == "The falcon landed."
+        assert ranked[0][1] > 2 * ranked[1][1]
+
+
+def test_a_longer_memory_does_not_win_by_length(pg_fresh_url):
+    """Length normalisation: one mention in a short line beats one mention in a long one, which is newer."""
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember(A, "t", "The falcon landed.")
+        shelf.remember(A, "t", "The falcon landed on the old red barn roof near the river after a long flight over "
+                               "the hills and three villages.")
+        ranked = _ranked(shelf, A, "falcon")
+        assert ranked[0][0] == "The falcon landed."
+        assert ranked[0][1] > ranked[1][1]
+
+
+def test_keyword_statistics_are_the_owners_own(pg_fresh_url):
+    """The corpus is the owner's memories: another user of the same tenant, or another tenant, storing the same
+    words moves neither the scores nor the order of the owner's hits (no side channel through ranking)."""
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember_many(A, [{"topic": "t", "content": text} for text in FILLER])
+        shelf.remember(A, "t", "The falcon report is due.")
+        before = _ranked(shelf, A, "falcon report")
+        for other in (Owner(A.tenant, "alma"), B):
+            shelf.remember_many(other, [{"topic": "t", "content": f"falcon falcon note {i}"} for i in range(50)])
+        assert _ranked(shelf, A, "falcon report") == before
+        assert len(shelf.search(B, "falcon", mode="keyword", limit=100)) == 50
+
+
+def test_expired_and_superseded_memories_do_not_make_a_word_common(pg_fresh_url):
+    """A word's document frequency counts only the memories the search can return: an owner whose other falcon
+    lines expired or were superseded scores exactly like one whose expired and superseded lines said something else
+    (the number of memories, the other statistic, counts every row of the owner, as FTS5's counts every row)."""
+    clock = Clock()
+    plain, churned = Owner("t1", "plain"), Owner("t2", "churned")
+    with Shelf.open(pg_fresh_url, embedder=None, clock=clock) as shelf:
+        for owner, word in ((plain, "old"), (churned, "falcon")):
+            shelf.remember_many(owner, [{"topic": "t", "content": text} for text in FILLER])
+            shelf.remember_many(owner, [{"topic": "t", "content": f"A {word} memo {i}.", "ttl": 60} for i in range(5)])
+            shelf.remember(owner, "t", f"The {word} memo moved.")
+        clock.advance(120)
+        for owner, word in ((plain, "old"), (churned, "falcon")):
+            shelf.remember(owner, "t", "The falcon report is due.")
+            newer = shelf.remember(owner, "t", "Memos now go to Dana.")
+            replaced = shelf.search(owner, f"{word} moved", mode="keyword")[0].memory
+            assert shelf.store.supersede_memory(owner, replaced.id, newer.id, clock())
+        assert _ranked(shelf, churned, "falcon report") == _ranked(shelf, plain, "falcon report")
+        assert [text for text, _ in _ranked(shelf, churned, "falcon")] == ["The falcon report is due."]

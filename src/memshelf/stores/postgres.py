@@ -48,10 +48,11 @@ pgvector's binary form at this boundary.
 
 Keywords: a stored generated tsvector column over topic and content, GIN-indexed, with the `memshelf_text`
 configuration (unaccented, English snowball stems, no stopwords); each term becomes `'term':*` (prefix match),
-quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with ts_rank for relevance.
-The hybrid's keyword candidates are ranked with their conversation context too (`context_search`: the words of
-the CONTEXT_TURNS memories the owner stored before under the same topic, weight CONTEXT_WEIGHT against 1.0 for
-the row's own words); a row is found only by its own words either way.
+quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with bm25 for relevance, its
+statistics (how many of the owner's memories hold each word, their number and length) gathered at query time
+from the owner's own memories (bm25_query). The hybrid's keyword candidates are ranked with their conversation
+context too (`context_search`: the words of the CONTEXT_TURNS memories the owner stored before under the same
+topic, weight CONTEXT_WEIGHT against 1.0 for the row's own words); a row is found only by its own words either way.
 
 Erasure deletes every row of the user or tenant (the tsvectors and vector live in the row, so they go with it);
 deleting or purging single memories also rewrites the context of the memories that followed them. Each erasure
@@ -108,10 +109,12 @@ OVERSAMPLE = 4
 best `limit` by exact distance: with a 1% owner this lifted recall@10 from 0.80 to 0.985 (tests/test_postgres.py)."""
 MIN_CANDIDATES = 40
 PAGE = 1_000
-CONTEXT_WEIGHT = 0.5
-"""ts_rank weight of a memory's conversation context, against 1.0 for its own words (SQLite's ranking also counts
-a memory's own words about twice its neighbours')."""
 """Rows per round trip when iterating an owner's memories."""
+CONTEXT_WEIGHT = 0.5
+"""Weight of a memory's conversation context in its term counts and length, against 1.0 for its own words."""
+K1 = 1.2
+B = 0.75
+"""bm25's term-frequency saturation and length normalisation, FTS5's values."""
 
 
 def tsquery_text(terms: Sequence[str]) -> str:
@@ -165,6 +168,45 @@ class _TextBlobLoader(Loader):
 # ---------------------------------------------------------------- rows
 _LIVE = "(m.expires_at IS NULL OR m.expires_at > %s)"
 _OWNER = "m.tenant = %s AND m.user_id = %s"
+
+
+def bm25_query(terms: int, with_context: bool, order: str, seen: str) -> str:
+    """keyword_search's SQL: the owner's memories that match any of the `terms` tsqueries (q0, q1, ...; parameters
+    before the OR of them all), ranked by bm25 with the owner's own statistics, gathered at query time, so there is
+    no state to keep in step with writes and no other owner's words move a score:
+
+    - a term's document frequency is how many of the hits hold it (every memory of the owner holding a term is a
+      hit), so expired and superseded memories do not count;
+    - the number of documents is the owner's row count (an index-only count; like FTS5's, it includes expired and
+      superseded rows until they are purged); the average length is the hits' (the owner's average scored the
+      same on LoCoMo and reads every row);
+    - a term occurs in a row or not (0 or 1): exact counts (ts_rank_cd) scored about the same and took up to 1.9
+      times as long (BENCHMARKS.md).
+
+    With context (the hybrid's candidates) a term also counts CONTEXT_WEIGHT where it is in the row's conversation
+    context, whether or not it is in the row's own words (as in SQLite's context table), and the context's length
+    counts as much toward the row's. Only the best `limit` rows are read back whole."""
+    weight = f"{float(CONTEXT_WEIGHT)!r}::float8"
+    context = "coalesce(m.context_search, ''::tsvector)"
+    length = f"length(m.search) + {weight} * length({context})" if with_context else "length(m.search)"
+    found = "".join(f", (m.search @@ q{i})::int::float8 AS own{i}" for i in range(terms))
+    if with_context:
+        found += "".join(f", ({context} @@ q{i})::int::float8 AS near{i}" for i in range(terms))
+    tf = [f"(h.own{i} + {weight} * h.near{i})" if with_context else f"h.own{i}" for i in range(terms)]
+    df = "".join(f", count(*) FILTER (WHERE own{i} > 0)::float8 AS df{i}" for i in range(terms))
+    k1, b = f"{K1!r}::float8", f"{B!r}::float8"
+    score = " + ".join(f"ln(1 + (s.n - s.df{i} + 0.5) / (s.df{i} + 0.5)) * {f} * ({k1} + 1)"
+                       f" / ({f} + {k1} * (1 - {b} + {b} * h.dl / s.avgdl))" for i, f in enumerate(tf))
+    queries = "".join(f", to_tsquery('memshelf_text', %s) AS q{i}" for i in range(terms))
+    return ("WITH hits AS MATERIALIZED ("
+            f"SELECT m.pk, m.confidence, m.created_at, ({length})::float8 AS dl{found} FROM memories m{queries}"
+            f" WHERE m.search @@ to_tsquery('memshelf_text', %s) AND {_OWNER} AND {_LIVE}{seen}),"
+            f" stats AS (SELECT avg(dl) AS avgdl{df}, (SELECT count(*) FROM memories m WHERE {_OWNER})::float8 AS n"
+            " FROM hits),"
+            f" best AS (SELECT h.pk, h.confidence, h.created_at, {score} AS rank FROM hits h, stats s"
+            f" ORDER BY {order} LIMIT %s)"
+            f" SELECT {MEMORY_COLUMNS}, r.rank FROM best r JOIN memories m ON m.pk = r.pk"
+            f" ORDER BY {', '.join('r.' + key for key in order.split(', '))}")
 
 
 def _context_of(tenant: str, user: str, topic: str, before: str = "") -> str:
@@ -706,20 +748,19 @@ class PostgresStore(SQLRecords):
                        by_confidence: bool, view: View = CURRENT) -> list[Scored]:
         if not terms:
             return []
+        each = [tsquery_text([term]) for term in dict.fromkeys(terms)]
+        seen, at = view_condition(view, _utc)
         # The hybrid's candidates (not by_confidence) are ranked with their conversation context too, as on
         # SQLite; either way a row is found only by its own words.
-        order, rank = (("m.confidence DESC, rank DESC, m.created_at DESC, m.pk DESC", "ts_rank(m.search, q)")
-                       if by_confidence else
-                       ("rank DESC, m.created_at DESC, m.pk DESC",
-                        f"ts_rank('{{0, 0, {CONTEXT_WEIGHT}, 1}}', setweight(m.search, 'A')"
-                        " || setweight(coalesce(m.context_search, ''::tsvector), 'B'), q)"))
-        seen, at = view_condition(view, _utc)
+        order = ("confidence DESC, rank DESC, created_at DESC, pk DESC" if by_confidence else
+                 "rank DESC, created_at DESC, pk DESC")
         with self._tenant(owner.tenant) as cur:
             rows = cur.execute(
-                f"SELECT {MEMORY_COLUMNS}, {rank} AS rank"
-                " FROM memories m, to_tsquery('memshelf_text', %s) AS q"
-                f" WHERE m.search @@ q AND {_OWNER} AND {_LIVE}{self._sql(seen)} ORDER BY {order} LIMIT %s",
-                (tsquery_text(terms), owner.tenant, owner.user, now, *at, limit)).fetchall()
+                bm25_query(len(each), not by_confidence, order, self._sql(seen)),
+                (*each, tsquery_text(terms), owner.tenant, owner.user, now, *at, owner.tenant, owner.user, limit),
+                # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to
+                # the words, took 2 to 3 times as long as the plan made for them.
+                prepare=False).fetchall()
         return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
 
     # ------------------------------------------------------------ vectors
