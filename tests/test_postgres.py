@@ -45,8 +45,10 @@ def _fill(shelf: Shelf, owner: Owner, word: str) -> None:
 
 
 def _fill_learned(shelf: Shelf, owner: Owner, word: str) -> None:
-    """_fill, and what learning keeps: a thread's watermark and a record's evidence (no more records)."""
+    """_fill, and what learning keeps: a thread's watermark and a record's evidence; and a long memory's pieces."""
     _fill(shelf, owner, word)
+    pieced = Shelf(shelf.store, embedder=HashEmbedder(window_chars=60))
+    pieced.remember(owner, "manual", f"The {word} manual says: " + f"keep the {word} dry and away from light, " * 4)
     shelf.learn(owner, thread="t1")  # a question: nothing learned, but the watermark moves
     said = shelf.messages(owner, "t1")[0]
     shelf.store.add_evidence(owner, [Evidence("fact", "colour", said.id, "t1", said.created_at)])
