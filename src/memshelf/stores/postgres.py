@@ -756,7 +756,7 @@ class PostgresStore(SQLRecords):
         query = np.asarray(query, dtype=np.float32)
         dimensions = int(query.shape[0])
         with self._tenant(owner.tenant) as cur:
-            stored, rows = self._owner_vector_shape(cur, owner, model)
+            stored, rows, pieced = self._owner_vector_shape(cur, owner, model)
             if stored is None:
                 return []
             if stored != dimensions:
@@ -772,6 +772,8 @@ class PostgresStore(SQLRecords):
                 found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now, view)
             if found is None:
                 found = self._exact(cur, owner, model, blob, dimensions, limit, floor, now, view)
+            if not pieced:
+                return found
             return _best_of(found, self._piece_hits(cur, owner, model, blob, dimensions, limit, floor, now, view),
                             limit)
 
@@ -791,16 +793,19 @@ class PostgresStore(SQLRecords):
                                    limit)).fetchall()
         return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str) -> tuple[int | None, int]:
-        """The dimensions of the owner's vectors of `model` (None when it has none) and how many rows it has,
-        counted up to exact_max_rows + 1 only, through the owner index, so the count stays cheap."""
+    def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str) -> tuple[int | None, int, bool]:
+        """The dimensions of the owner's vectors of `model` (None when it has none), how many rows it has, counted
+        up to exact_max_rows + 1 only, through the owner index, so the count stays cheap, and whether it has later
+        pieces of long memories (most owners have none, and their searches skip the pieces' query)."""
         row = cur.execute(
             "SELECT (SELECT vector_dims(embedding) FROM memories WHERE tenant = %s AND user_id = %s"
             "        AND embed_model = %s AND embedding IS NOT NULL LIMIT 1),"
             "       (SELECT count(*) FROM (SELECT 1 FROM memories WHERE tenant = %s AND user_id = %s"
-            "        AND embed_model = %s LIMIT %s) s)",
-            (owner.tenant, owner.user, model, owner.tenant, owner.user, model, self.exact_max_rows + 1)).fetchone()
-        return (None, 0) if row is None else (row[0], row[1])
+            "        AND embed_model = %s LIMIT %s) s),"
+            "       EXISTS (SELECT 1 FROM memory_pieces WHERE tenant = %s AND user_id = %s AND embed_model = %s)",
+            (owner.tenant, owner.user, model, owner.tenant, owner.user, model, self.exact_max_rows + 1,
+             owner.tenant, owner.user, model)).fetchone()
+        return (None, 0, False) if row is None else (row[0], row[1], row[2])
 
     def _exact(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
                floor: float, now: datetime, view: View) -> list[Scored]:
