@@ -43,6 +43,9 @@ valid:
   larger owners, with `hnsw.iterative_scan = relaxed_order` so the owner filter cannot starve the top-k; if the
   index still comes back short the search is redone exactly.
 
+A long memory's later pieces (memory_pieces; README, "Long memories") are not indexed: an owner that has any gets
+them scanned exactly beside the search above, and each memory keeps its best score (_best_of).
+
 The store interface keeps vectors as little-endian float32 blobs (the export format); they are converted to
 pgvector's binary form at this boundary.
 
