@@ -208,3 +208,21 @@ def test_expiry_of_a_row_hides_its_pieces(open_shelf, clock):
     assert found(shelf, KALEB, WORDS) == [LONG]
     clock.advance(31)
     assert found(shelf, KALEB, WORDS) == []
+
+
+# ---------------------------------------------------------------- service embedders' windows
+def test_service_embedders_cut_by_characters_from_their_models_window(monkeypatch):
+    from memshelf import ConfigError
+    from memshelf.embedders.ollama import OllamaEmbedder
+    from memshelf.embedders.openai import OpenAIEmbedder
+
+    monkeypatch.delenv("MEMSHELF_EMBED_WINDOW_TOKENS", raising=False)
+    assert OllamaEmbedder("mxbai-embed-large:latest").window_chars == 1_024  # 512 tokens, 2 characters each
+    assert OllamaEmbedder("some-new-model").window_chars == 1_024  # unknown: the smallest common window
+    assert OpenAIEmbedder("text-embedding-3-small").window_chars == 16_382  # a whole 16,000-character memory
+    assert OllamaEmbedder("mxbai-embed-large", window_tokens=100).pieces([LONG])[0] == split_by_chars(LONG, 200)
+    monkeypatch.setenv("MEMSHELF_EMBED_WINDOW_TOKENS", "256")
+    assert OpenAIEmbedder("text-embedding-3-small").window_chars == 512
+    monkeypatch.setenv("MEMSHELF_EMBED_WINDOW_TOKENS", "lots")
+    with pytest.raises(ConfigError, match="MEMSHELF_EMBED_WINDOW_TOKENS.*'lots'"):
+        OllamaEmbedder()
