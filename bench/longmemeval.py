@@ -68,15 +68,21 @@ def pieces(text: str) -> list[str]:
     return [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
 
 
-def load(path: Path) -> list[Question]:
+def load(path: Path, bury: int = 0) -> list[Question]:
+    """The questions with their haystacks; with `bury`, each user turn marked has_answer is stored after the first
+    `bury` characters of the longest other user turn of its haystack, in one memory (a long memory whose relevant
+    part is at its end: what embedding in pieces is for)."""
     out: list[Question] = []
     for item in json.loads(path.read_text(encoding="utf-8")):
         q = Question(str(item["question_id"]), str(item["question_type"]), str(item["question"]),
                      frozenset(item["answer_session_ids"]))
+        users = [t for s in item["haystack_sessions"] for t in s if t.get("role") == "user"]
+        filler = max((t["content"] for t in users if not t.get("has_answer")), key=len, default="")[:bury]
         for session_id, session in zip(item["haystack_session_ids"], item["haystack_sessions"]):
             for turn in session:
                 if turn.get("role") == "user" and turn.get("content", "").strip():
-                    q.turns.extend((session_id, piece) for piece in pieces(turn["content"]))
+                    text = f"{filler}\n\n{turn['content']}" if bury and turn.get("has_answer") else turn["content"]
+                    q.turns.extend((session_id, piece) for piece in pieces(text))
         out.append(q)
     return out
 
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"LongMemEval data not found at {data}: pass the path of longmemeval_s_dev.json as the first argument "
               "(see ../shared/data/README.md; keep it outside the repository)", file=sys.stderr)
         raise SystemExit(2)
-    questions = load(data)
+    questions = load(data, args.bury)
     if args.questions:
         questions = questions[: args.questions]
     overrides = apply_overrides(args)
@@ -179,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "memories": sum(len(q.turns) for q in questions),
         "backend": "postgresql" if args.postgres or "://" in (args.db or "") else "sqlite",
         "embedder": embedder.model if embedder is not None else None, "floor": args.floor, "limit": LIMIT,
-        "overrides": dict(overrides), "results": results,
+        "overrides": dict(overrides), "bury": args.bury, "results": results,
         "seconds": {"total": time.perf_counter() - started, "embedding": embedder.seconds if embedder else 0.0,
                     "remember_many": remember_seconds},
         "per_question": per_question,
@@ -228,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="embedder spec, as Shelf.open takes it (default local; none for --modes keyword)")
     parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--questions", type=int, default=0, help="only the first N questions (quick runs)")
+    parser.add_argument("--bury", type=int, default=0, metavar="CHARS",
+                        help="a stress test, not the protocol: store each evidence turn (has_answer) after CHARS "
+                             "characters of the haystack's longest other user turn, in one memory")
     add_override_flags(parser)
     add_cache_flag(parser)
     args = parser.parse_args(argv)

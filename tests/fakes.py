@@ -52,9 +52,10 @@ def hash_vector(text: str, dims: int = DEFAULT_DIMS, normalize: bool = True) -> 
 class HashEmbedder(Embedder):
     """The fakes' bag of words, in process: for library tests that need an embedder but not the real model."""
 
-    def __init__(self, model: str = "test:hash-64", dims: int = DEFAULT_DIMS) -> None:
+    def __init__(self, model: str = "test:hash-64", dims: int = DEFAULT_DIMS, window_chars: int | None = None) -> None:
         self.model = model
         self.dims = dims
+        self.window_chars = window_chars  # a text longer than this is embedded in pieces
         self.calls: list[int] = []  # the size of every batch asked for, so tests can count embedding work
 
     @property

@@ -46,8 +46,10 @@ def _fill(shelf: Shelf, owner: Owner, word: str) -> None:
 
 
 def _fill_learned(shelf: Shelf, owner: Owner, word: str) -> None:
-    """_fill, and what learning keeps: a thread's watermark and a record's evidence (no more records)."""
+    """_fill, and what learning keeps: a thread's watermark and a record's evidence; and a long memory's pieces."""
     _fill(shelf, owner, word)
+    pieced = Shelf(shelf.store, embedder=HashEmbedder(window_chars=60))
+    pieced.remember(owner, "manual", f"The {word} manual says: " + f"keep the {word} dry and away from light, " * 4)
     shelf.learn(owner, thread="t1")  # a question: nothing learned, but the watermark moves
     said = shelf.messages(owner, "t1")[0]
     shelf.store.add_evidence(owner, [Evidence("fact", "colour", said.id, "t1", said.created_at)])
@@ -235,7 +237,7 @@ def test_the_documented_login_role_runs_every_operation(login_role, tmp_path):
         assert store.erase_tenant("wall-a").facts == 1
         assert [o.tenant for o in store.owners()] == ["wall-b"]
         assert store.scrub() == ["fact_history", "facts", "learn_marks", "learned_from", "memories",
-                                 "messages"]  # no CHECKPOINT right: skipped
+                                 "memory_pieces", "messages"]  # no CHECKPOINT right: skipped
         store.add_memories(Owner("wall-b", "bob"), _new(_unit_rows(6, 5, 8), "login-8"), T0)
         assert store.wait_for_indexes(120)
         assert all(_index_state(login_role, "login-8", 8).values())
@@ -686,7 +688,7 @@ def test_a_scrub_waits_for_a_transaction_that_could_still_see_the_erased_rows(pg
         reader.rollback()
         reader.close()
         scrubber.join(60)
-        assert scrubbed == [["memories"]]
+        assert scrubbed == [["memories", "memory_pieces"]]  # pieces go with their memory
     assert set(_files_holding(pg_server.data_dir, url, [b"quokkavault", b"quokkatopic"]).values()) <= {"r", "t"}
     pg_server.drop(url)
 
@@ -722,7 +724,7 @@ def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_th
     with Shelf.open(pg_fresh_url, embedder=None) as shelf:
         _fill(shelf, A, "thimble")
         shelf.forget_user(A)
-    assert _queued(pg_fresh_url) == {"memories", "facts", "fact_history", "messages"}
+    assert _queued(pg_fresh_url) == {"memories", "memory_pieces", "facts", "fact_history", "messages"}
     gin = _relfilenode(pg_fresh_url, "memories_search")
     monkeypatch.setenv("MEMSHELF_PG_SCRUB", "vacuum")
     monkeypatch.setenv("MEMSHELF_PG_SCRUB_DELAY", "0")

@@ -9,8 +9,9 @@ import sqlite3
 from typing import Any
 
 import pytest
+from fakes import HashEmbedder
 
-from memshelf import Owner
+from memshelf import Owner, Shelf
 from memshelf.stores.tables import OWNER_TABLES, erased_tables, walled_tables
 
 KALEB = Owner("acme", "kaleb")
@@ -38,6 +39,8 @@ def _columns(backend: str, target: str, table: str) -> set[str]:
 
 def _fill(shelf, owner: Owner) -> None:
     shelf.remember(owner, "printer", f"{owner.user}'s printer is on the third floor")
+    pieced = Shelf(shelf.store, embedder=HashEmbedder(window_chars=60))  # a long memory: its pieces' vectors
+    pieced.remember(owner, "printer", f"{owner.user}'s printer manual says: " + "press the green button twice, " * 5)
     shelf.set_fact(owner, "desk", "3.14")
     shelf.set_fact(owner, "desk", "3.15")
     shelf.log_message(owner, "t1", "user", "where is my printer?")

@@ -86,7 +86,8 @@ copied a bounded number of times over a run of appends, and spare room stays und
 class VectorMatrix:
     """An owner's vectors of one model. A built matrix is exactly its rows; appended rows go into spare room when
     there is some, so appending copies only the new rows; `extended` returns a new view and never changes what a
-    reader already holds."""
+    reader already holds. Rows are in key order, and a memory embedded in pieces has one row per piece, under its
+    key, one after the other (`repeats` counts the rows that repeat the key before them)."""
 
     model: str
     size: int
@@ -94,6 +95,7 @@ class VectorMatrix:
     _matrix: np.ndarray      # (capacity, d) float32, rows normalized
     _confidence: np.ndarray  # float32
     _expires: np.ndarray     # float64 epoch seconds, inf when the row never expires
+    repeats: int = 0
 
     @property
     def keys(self) -> np.ndarray:
@@ -147,7 +149,7 @@ class VectorMatrix:
         grown = _buffers(needed + needed // GROWTH, self.dimensions)
         for old, new in zip((self._keys, self._matrix, self._confidence, self._expires), grown):
             new[:self.size] = old[:self.size]
-        return VectorMatrix(self.model, self.size, *grown)._written(rows, parse_time)
+        return VectorMatrix(self.model, self.size, *grown, self.repeats)._written(rows, parse_time)
 
     def _written(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
         """`rows` written into the spare room after this matrix's rows (there must be enough)."""
@@ -162,7 +164,10 @@ class VectorMatrix:
         self._keys[self.size:end] = [row[0] for row in rows]
         self._confidence[self.size:end] = [row[2] for row in rows]
         self._expires[self.size:end] = [_epoch(parse_time(row[3])) for row in rows]
-        return VectorMatrix(self.model, end, self._keys, self._matrix, self._confidence, self._expires)
+        written = self._keys[self.size:end]
+        before = np.concatenate(([self.last_key], written[:-1]))
+        repeats = self.repeats + int(np.count_nonzero(written == before))
+        return VectorMatrix(self.model, end, self._keys, self._matrix, self._confidence, self._expires, repeats)
 
 
 def _buffers(capacity: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -176,19 +181,26 @@ def _epoch(when: datetime | None) -> float:
 
 
 def top_k(vm: VectorMatrix, query: np.ndarray, limit: int, floor: float, now: float) -> list[tuple[int, float]]:
-    """Indices and cosine scores of the best `limit` live rows scoring at least `floor`,
-    ordered by (score, confidence) descending as in spec 002."""
+    """Indices and cosine scores of the best `limit` live memories scoring at least `floor`, ordered by (score,
+    confidence) descending as in spec 002. A memory in pieces scores as its best piece, at the index of its first."""
     q = normalize(np.asarray(query, dtype=np.float32))
     scores = _cosines(vm.matrix, q)
     scores = np.where(vm.expires > now, scores, -np.inf)
+    firsts: np.ndarray | None = None
+    if vm.repeats:
+        keys = vm.keys
+        firsts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+        scores = np.maximum.reduceat(scores, firsts)
     candidates = np.flatnonzero(scores >= floor)
     if candidates.size == 0:
         return []
     if candidates.size > limit:
         part = np.argpartition(-scores[candidates], limit - 1)[:limit]
         candidates = candidates[part]
-    order = sorted(candidates.tolist(), key=lambda i: (-float(scores[i]), -float(vm.confidence[i]), -int(vm.keys[i])))
-    return [(i, float(scores[i])) for i in order]
+    rows = candidates if firsts is None else firsts[candidates]
+    order = sorted(zip(rows.tolist(), scores[candidates].tolist()),
+                   key=lambda pick: (-pick[1], -float(vm.confidence[pick[0]]), -int(vm.keys[pick[0]])))
+    return [(i, float(score)) for i, score in order]
 
 
 CACHE_ENV = "MEMSHELF_VECTOR_CACHE_MB"

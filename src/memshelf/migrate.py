@@ -1,10 +1,10 @@
 """Copy everything from one store to another (`memshelf migrate SOURCE DEST`), e.g. SQLite to PostgreSQL.
 
-Every owner's memories (with vectors, model stamps, ids, times and observation counts), facts with their
-history, and messages are copied in batches, each batch its own transaction. It is resumable: the import
-methods skip ids and texts the destination already has, and fact history is copied only where missing, so
-running it again after an interruption finishes the job. At the end each owner is verified on both sides by
-counts and a sha256 over its sorted records; a difference raises MigrationMismatch.
+Every owner's memories (with vectors, a long memory's pieces' vectors too, model stamps, ids, times and observation
+counts), facts with their history, and messages are copied in batches, each batch its own transaction. It is
+resumable: the import methods skip ids and texts the destination already has, and fact history is copied only
+where missing, so running it again after an interruption finishes the job. At the end each owner is verified on
+both sides by counts and a sha256 over its sorted records; a difference raises MigrationMismatch.
 
 Two things are refused before anything is created or written: a source that is not a memshelf store (a SQLite
 path that does not exist, a PostgreSQL database without memshelf's tables), and a destination that already holds
@@ -147,7 +147,10 @@ def _is_earlier_copy(source: Store, dest: Store, owner: Owner) -> bool:
 def _copy_owner(source: Store, dest: Store, owner: Owner, batch: int, report: MigrationReport,
                 advance: Callable[[int], None]) -> None:
     for chunk in _chunks(source.iter_memories(owner, None), batch):
-        report.copied["memories"] += dest.import_memories(owner, [m for m, _ in chunk], [v for _, v in chunk])
+        memories = [m for m, _ in chunk]
+        pieces = source.memory_pieces(owner, [m.id for m in memories])  # a long memory's later pieces go along
+        report.copied["memories"] += dest.import_memories(owner, memories, [v for _, v in chunk],
+                                                          [pieces.get(m.id, []) for m in memories])
         advance(len(chunk))
     facts = source.facts(owner)
     missing = missing_changes(source.fact_history(owner, None), dest.fact_history(owner, None))

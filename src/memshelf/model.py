@@ -223,6 +223,8 @@ class NewMemory:
     vector: bytes | None = None
     embed_model: str | None = None
     created_at: datetime = field(default_factory=utcnow)
+    pieces: list[bytes] = field(default_factory=list)
+    """The vectors of a long text's later pieces, of embed_model (`vector` is its first piece's)."""
 
 
 def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:

@@ -18,8 +18,8 @@ import numpy as np
 
 from . import context as ctx
 from . import exports
-from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, resolve_embedder,
-                              search_timeout, write_timeout)
+from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, pieces_of,
+                              resolve_embedder, search_timeout, write_timeout)
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from ._ids import is_id, new_id
 from .keywords import keywords
@@ -289,20 +289,29 @@ class Shelf:
         todo = [m for m in batch if m.vector is None]
         vectors = self._embed_for_write(todo) if todo else None
         self._check_dimensions(owner, [m for m in batch if m.vector is not None],
-                               None if vectors is None else int(vectors.shape[1]))
-        for memory, vector in zip(todo, () if vectors is None else vectors):
-            memory.vector, memory.embed_model = pack(vector), self.embedder.model
+                               None if vectors is None else int(vectors[0].shape[1]))
+        for memory, pieces in zip(todo, () if vectors is None else vectors):
+            (memory.vector, memory.pieces), memory.embed_model = _packed(pieces), self.embedder.model
 
-    def _embed_for_write(self, todo: Sequence[NewMemory]) -> np.ndarray | None:
-        """The vectors of these memories, or None when the service did not make them within the write deadline."""
+    def _embed_for_write(self, todo: Sequence[NewMemory]) -> list[np.ndarray] | None:
+        """The vectors of these memories (_embed_in_pieces), or None when the service did not make them within the
+        write deadline."""
         assert self.embedder is not None
         try:
             with embedding_deadline(write_timeout()):
-                return self.embedder.embed_batch([m.content for m in todo])
+                return self._embed_in_pieces([m.content for m in todo])
         except EmbedderUnavailable as exc:
             log.warning("embedder unavailable, storing %d memories without vectors (run backfill later): %s",
                         len(todo), exc)
             return None
+
+    def _embed_in_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's vectors, one row per piece (README, "Long memories"), embedded in one batch: the first row is
+        the memory's own vector, the others its later pieces'. A text that fits the model's window has one row."""
+        assert self.embedder is not None
+        split = pieces_of(self.embedder, texts)
+        flat = self.embedder.embed_batch([piece for pieces in split for piece in pieces])
+        return np.split(flat, np.cumsum([len(pieces) for pieces in split])[:-1])
 
     def _check_dimensions(self, owner: Owner, given: Sequence[NewMemory], fresh: int | None) -> None:
         """Refuse precomputed vectors whose length is not the model's. The length is known without asking the
@@ -576,8 +585,8 @@ class Shelf:
             pending = self.store.pending_vectors(model, after, batch_size)
             if not pending:
                 break
-            vectors = self.embedder.embed_batch([p.text for p in pending])
-            self.store.set_vectors(model, [(p.key, pack(v)) for p, v in zip(pending, vectors)])
+            vectors = self._embed_in_pieces([p.text for p in pending])
+            self.store.set_vectors(model, [(p.key, *_packed(v)) for p, v in zip(pending, vectors)])
             done += len(pending)
             after = pending[-1].key
             if progress is not None:
@@ -615,12 +624,12 @@ class Shelf:
             except InvalidInput as exc:
                 raise type(exc)(f"import record {number}: {exc}; nothing was imported (fix the record or "
                                 "re-export)") from exc
-        memories, blobs = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
+        memories, blobs, pieces = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
         changes = missing_changes(batch.changes, self.store.fact_history(owner, None))
         evidence = missing_changes(batch.evidence, self.store.evidence(owner, None, None))
         marks = {t: m for t, m in batch.marks.items() if t not in self.store.learn_marks(owner)}
         with self.store.atomic():
-            counts = {"memories": self.store.import_memories(owner, memories, blobs),
+            counts = {"memories": self.store.import_memories(owner, memories, blobs, pieces),
                       "facts": self.store.import_facts(owner, batch.facts, changes),
                       "messages": self.store.import_messages(owner, batch.messages)}
             self.store.add_evidence(owner, evidence)
@@ -673,25 +682,33 @@ class Shelf:
         return {model: next(iter(found)) for model, found in widths.items() if len(found) == 1}
 
     def _embed_imported(self, memories: list[Memory], blobs: list[bytes | None]
-                        ) -> tuple[list[Memory], list[bytes | None]]:
+                        ) -> tuple[list[Memory], list[bytes | None], list[list[bytes]]]:
         """Give imported memories vectors of the current model, in batches, keeping the ones already stamped with
-        it. If the embedder is down they are imported as they are and the next backfill embeds them."""
+        it unless the text is longer than the model's window: an export carries one vector per memory, so a long
+        memory is embedded again, in pieces. If the embedder is down they are imported without the vectors they
+        need, and the next backfill embeds them. Returns the memories, their vectors and their later pieces'."""
+        pieces: list[list[bytes]] = [[] for _ in memories]
         if self.embedder is None:
-            return memories, blobs
+            return memories, blobs, pieces
         model = self.embedder.model
-        todo = [i for i, m in enumerate(memories) if blobs[i] is None or m.embed_model != model]
+        kept = [i for i, m in enumerate(memories) if blobs[i] is not None and m.embed_model == model]
+        long = {i for i, split in zip(kept, pieces_of(self.embedder, [memories[i].content for i in kept]))
+                if len(split) > 1}
+        todo = [i for i, m in enumerate(memories) if blobs[i] is None or m.embed_model != model or i in long]
         memories, blobs = list(memories), list(blobs)
+        for i in long:
+            memories[i], blobs[i] = replace(memories[i], embed_model=None), None
         try:
             for start in range(0, len(todo), IMPORT_BATCH):
                 chunk = todo[start:start + IMPORT_BATCH]
                 with embedding_deadline(write_timeout()):
-                    vectors = self.embedder.embed_batch([memories[i].content for i in chunk])
+                    vectors = self._embed_in_pieces([memories[i].content for i in chunk])
                 for i, vector in zip(chunk, vectors):
                     memories[i] = replace(memories[i], embed_model=model)
-                    blobs[i] = pack(vector)
+                    blobs[i], pieces[i] = _packed(vector)
         except EmbedderUnavailable as exc:
             log.warning("embedder unavailable during import; run backfill later: %s", exc)
-        return memories, blobs
+        return memories, blobs, pieces
 
     # ---------------------------------------------------------------- API keys (for `memshelf serve`)
     def create_key(self, tenant: str | None, name: str = "") -> tuple[ApiKey, str]:
@@ -722,6 +739,11 @@ class Shelf:
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "embedder": self.embedder.model if self.embedder else None}
+
+
+def _packed(vectors: np.ndarray) -> tuple[bytes, list[bytes]]:
+    """One memory's vectors as stored: its own (the first piece's) and its later pieces'."""
+    return pack(vectors[0]), [pack(v) for v in vectors[1:]]
 
 
 def _hash_secret(secret: str) -> str:

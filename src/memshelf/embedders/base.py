@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DimensionMismatch, EmbedderError
-from .._plugins import Availability, PluginGroup, availability, Requirements, accepting, find_provider, provider_names
+from ._pieces import split_by_chars
+from .._plugins import Availability, PluginGroup, Requirements, accepting, availability, find_provider, provider_names
 
 
 class Embedder(ABC):
@@ -26,6 +27,9 @@ class Embedder(ABC):
 
     model: str
     _dimensions: int | None = None
+    window_chars: int | None = None
+    """Longest text, in characters, that the model reads whole; a longer one is embedded in overlapping pieces
+    (None: every text whole). A provider with the model's tokenizer at hand overrides `pieces` instead."""
 
     @abstractmethod
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
@@ -49,8 +53,20 @@ class Embedder(ABC):
     def embed(self, text: str) -> np.ndarray:
         return self.embed_batch([text])[0]
 
+    def pieces(self, texts: Sequence[str]) -> list[list[str]]:
+        """Each text as overlapping pieces the model reads whole, in order; [text] when it fits the window. The
+        first piece is the start of the text, which is what a model that truncates would have read."""
+        window = self.window_chars
+        return [[text] if window is None else split_by_chars(text, window) for text in texts]
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.model}>"
+
+
+def pieces_of(embedder: Embedder, texts: Sequence[str]) -> list[list[str]]:
+    """The embedder's pieces of each text; a duck-typed embedder without `pieces` reads every text whole."""
+    split = getattr(embedder, "pieces", None)
+    return [[text] for text in texts] if split is None else split(texts)
 
 
 def known_dimensions(embedder: Embedder) -> int | None:

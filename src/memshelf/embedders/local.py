@@ -15,18 +15,29 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import EmbedderError
+from ._pieces import windows
 from .base import Embedder, EmbedderProvider, as_matrix
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
 BATCH_SIZE = 64
 _ACCEPTED_NAMES = {MODEL_NAME.lower(), f"sentence-transformers/{MODEL_NAME}".lower()}
 
+SPECIAL_TOKENS = 2
+"""[CLS] and [SEP], which take two places of the model's window (max_seq_length, 256 word pieces)."""
+WINDOW = 256 - SPECIAL_TOKENS
+"""Word pieces of text the shipped model reads (its max_seq_length, 256, less the specials)."""
+SURELY_FITS_CHARS = WINDOW // 3
+"""A text this short has at most WINDOW word pieces (a character makes at most three: a Hangul syllable split into
+its letters), so it fits without being tokenized to check; an ASCII text makes at most one per character."""
+
 _model: SentenceTransformer | None = None
 _model_lock = threading.Lock()
+_splitter: Tokenizer | None = None
 
 
 def local_model_available() -> bool:
@@ -66,6 +77,31 @@ def _shared_model() -> SentenceTransformer:
         return _model
 
 
+def _surely_fits(text: str) -> bool:
+    return len(text) <= SURELY_FITS_CHARS or (len(text) <= WINDOW and text.isascii())
+
+
+def _token_pieces(text: str, offsets: list[tuple[int, int]]) -> list[str]:
+    """The text cut into windows of WINDOW word pieces (their character `offsets`), between words."""
+    spans = windows(len(offsets), WINDOW, lambda p: offsets[p][0] > offsets[p - 1][1])  # a gap: whitespace
+    return [text[offsets[start][0]:offsets[end - 1][1]] for start, end in spans]
+
+
+def _splitter_tokenizer() -> Tokenizer:
+    """The tokenizer that cuts texts into pieces: a copy of the model's (its Rust tokenizer, thread safe and quick),
+    without truncation, because the model's own changes its truncation settings while it embeds."""
+    global _splitter
+    model = _shared_model()
+    with _model_lock:
+        if _splitter is None:
+            from tokenizers import Tokenizer
+
+            _splitter = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+            _splitter.no_truncation()
+            _splitter.no_padding()
+    return _splitter
+
+
 class LocalEmbedder(Embedder):
     """all-MiniLM-L6-v2 on the CPU: 384-d normalized vectors, no server and no network."""
 
@@ -80,6 +116,19 @@ class LocalEmbedder(Embedder):
     @property
     def dimensions(self) -> int:
         return DIMENSIONS
+
+    def pieces(self, texts: Sequence[str]) -> list[list[str]]:
+        """Pieces of at most the model's window of word pieces, cut between words, counted by the model's own
+        tokenizer (a batch at a time): the first piece is exactly what the model would have read of the whole text."""
+        out = [[text] for text in texts]
+        doubtful = [i for i, text in enumerate(texts) if not _surely_fits(text)]
+        if not doubtful:
+            return out
+        encoded = _splitter_tokenizer().encode_batch([texts[i] for i in doubtful], add_special_tokens=False)
+        for i, tokens in zip(doubtful, encoded):
+            if len(tokens.offsets) > WINDOW:
+                out[i] = _token_pieces(texts[i], tokens.offsets)
+        return out
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         if len(texts) == 0:

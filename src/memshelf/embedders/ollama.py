@@ -15,9 +15,14 @@ import numpy as np
 
 from ..errors import EmbedderError
 from ._http import HttpEmbedder, deadline_client
+from ._pieces import CHARS_PER_TOKEN, window_tokens as window_tokens_of
 from .base import MAX_TIMEOUT, EmbedderProvider
 
 DEFAULT_MODEL = "nomic-embed-text"
+WINDOW_TOKENS = {"nomic-embed-text": 2048, "mxbai-embed-large": 512, "all-minilm": 256,
+                 "snowflake-arctic-embed": 512, "snowflake-arctic-embed2": 8192, "bge-m3": 8192, "bge-large": 512}
+"""The input window, in tokens, that Ollama serves each common embedding model with (nomic-embed-text reads 8,192
+but Ollama's default context is 2,048); a model not listed is assumed to read DEFAULT_WINDOW_TOKENS."""
 DEFAULT_PORT = 11434
 _SCHEME_PORTS = {"http": 80, "https": 443}
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::"}
@@ -94,13 +99,17 @@ class OllamaEmbedder(HttpEmbedder):
         host: str | None = None,
         timeout: float = 30.0,
         batch_size: int = 64,
+        window_tokens: int | None = None,
     ) -> None:
+        """window_tokens: the model's input window (default MEMSHELF_EMBED_WINDOW_TOKENS, else WINDOW_TOKENS by
+        name): longer texts are embedded in overlapping pieces of CHARS_PER_TOKEN characters a token."""
         if batch_size < 1:
             raise EmbedderError(f"batch_size must be at least 1, got {batch_size}: pass a positive number")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
             raise EmbedderError(f"timeout must be the seconds one request may take in all (above 0), got {timeout!r}")
         self.model_name = model
         self.model = f"ollama:{model}"
+        self.window_chars = window_tokens_of(model, WINDOW_TOKENS, window_tokens) * CHARS_PER_TOKEN
         self.host = resolve_ollama_host(host)
         self.where = f"Ollama at {self.host}"
         self.batch_size = batch_size

@@ -13,10 +13,14 @@ import httpx
 
 from ..errors import EmbedderError
 from ._http import HttpEmbedder, deadline_client
+from ._pieces import CHARS_PER_TOKEN, window_tokens as window_tokens_of
 from .base import MAX_TIMEOUT, EmbedderProvider
 
 DEFAULT_MODEL = "text-embedding-3-small"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+WINDOW_TOKENS = {"text-embedding-3-small": 8191, "text-embedding-3-large": 8191, "text-embedding-ada-002": 8191}
+"""OpenAI's embedding models' input windows, in tokens; a model not listed (a compatible server's) is assumed to read
+DEFAULT_WINDOW_TOKENS."""
 
 
 def error_text(response: httpx.Response) -> str:
@@ -52,7 +56,10 @@ class OpenAIEmbedder(HttpEmbedder):
         timeout: float = 30.0,
         batch_size: int = 256,
         dimensions: int | None = None,
+        window_tokens: int | None = None,
     ) -> None:
+        """window_tokens: the model's input window (default MEMSHELF_EMBED_WINDOW_TOKENS, else WINDOW_TOKENS by
+        name): longer texts are embedded in overlapping pieces of CHARS_PER_TOKEN characters a token."""
         if batch_size < 1:
             raise EmbedderError(f"batch_size must be at least 1, got {batch_size}: pass a positive number")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
@@ -61,6 +68,7 @@ class OpenAIEmbedder(HttpEmbedder):
             raise EmbedderError(f"dimensions must be at least 1, got {dimensions}: pass a positive number or None")
         self.model_name = model
         self.model = f"openai:{model}"
+        self.window_chars = window_tokens_of(model, WINDOW_TOKENS, window_tokens) * CHARS_PER_TOKEN
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self.where = self.base_url
         self.batch_size = batch_size

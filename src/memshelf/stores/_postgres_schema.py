@@ -259,4 +259,23 @@ CREATE INDEX memories_superseded ON memories (tenant, user_id) WHERE superseded_
 {tenant_wall(["learn_marks", "learned_from"])}
 {scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks"])}
 """),
+    # A memory longer than the embedding model's window is embedded in overlapping pieces (README, "Long memories"),
+    # as on SQLite (m009_memory_pieces there): the row keeps its first piece's vector, this table the later pieces',
+    # stamped with the row's model; they go with their memory (ON DELETE CASCADE). Searched exactly: few memories
+    # are long, so an owner's pieces are few; the wall and the scrub queue take the table like every owner table.
+    ("m010_memory_pieces", f"""
+CREATE TABLE memory_pieces (
+    memory_pk   bigint NOT NULL REFERENCES memories (pk) ON DELETE CASCADE,
+    piece       integer NOT NULL,
+    tenant      text NOT NULL,
+    user_id     text NOT NULL,
+    embed_model text NOT NULL,
+    embedding   vector NOT NULL,
+    PRIMARY KEY (memory_pk, piece)
+);
+ALTER TABLE memory_pieces ALTER COLUMN embedding SET STORAGE MAIN;
+CREATE INDEX memory_pieces_owner ON memory_pieces (tenant, user_id, embed_model);
+{tenant_wall(["memory_pieces"])}
+{scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks", "memory_pieces"])}
+"""),
 ]

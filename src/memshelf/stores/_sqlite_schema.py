@@ -224,4 +224,20 @@ BEGIN
     WHERE tenant = new.tenant AND user_id = new.user_id;
 END;
 """),
+    ("m009_memory_pieces", """
+-- A memory longer than the embedding model's window is embedded in overlapping pieces (README, "Long memories").
+-- The row keeps its first piece's vector, so a memory in one piece (most are) costs nothing more; this table keeps
+-- the later pieces' vectors, stamped with the row's model. Pieces go with their memory (ON DELETE CASCADE: forget,
+-- purge, erasure), and change only with the row's vector, whose triggers already move the owner's counters.
+CREATE TABLE memory_pieces (
+    memory_pk   INTEGER NOT NULL REFERENCES memories (pk) ON DELETE CASCADE,
+    piece       INTEGER NOT NULL,  -- 1, 2, ...: piece 0 is the row's own vector
+    tenant      TEXT NOT NULL,
+    user_id     TEXT NOT NULL,
+    embed_model TEXT NOT NULL,
+    embedding   BLOB NOT NULL,
+    PRIMARY KEY (memory_pk, piece)
+) WITHOUT ROWID;
+CREATE INDEX memory_pieces_owner ON memory_pieces (tenant, user_id, embed_model, memory_pk);
+"""),
 ]

@@ -154,11 +154,19 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
-        """Insert, or for an identical (topic, content) bump observations and last_seen. Returns each stored row."""
+        """Insert, or for an identical (topic, content) bump observations and last_seen. Returns each stored row.
+        A memory's later pieces (NewMemory.pieces) are stored with its vector, and replaced with it."""
 
     @abstractmethod
-    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None]) -> int:
-        """Insert exported memories as they were (ids, times, counts); skip ones the owner already has."""
+    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None],
+                        pieces: Sequence[Sequence[bytes]] = ()) -> int:
+        """Insert exported memories as they were (ids, times, counts); skip ones the owner already has. pieces,
+        when given, holds each memory's later pieces' vectors (kept only with a vector)."""
+
+    def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
+        """The vectors of the later pieces of these memories (by id; the first piece's is the memory's own), of the
+        memory's model, in order; memories with one piece are left out. A backend that keeps none returns {}."""
+        return {}
 
     @abstractmethod
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None: ...
@@ -195,7 +203,7 @@ class MemoryStore(ABC):
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
                       now: datetime, view: View = CURRENT) -> list[Scored]:
         """Cosine against the owner's vectors stamped with `model`, at least `floor`, best first, among the
-        memories `view` sees."""
+        memories `view` sees. A memory embedded in pieces scores as its best piece."""
 
     @abstractmethod
     def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
@@ -210,8 +218,9 @@ class MemoryStore(ABC):
         return None
 
     @abstractmethod
-    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
-        """Store vectors by Pending.key (backfill)."""
+    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes, Sequence[bytes]]]) -> None:
+        """Store vectors by Pending.key (backfill): (key, the vector, the later pieces' vectors), replacing the
+        memory's pieces."""
 
 
 class RecordStore(ABC):

@@ -43,6 +43,9 @@ valid:
   larger owners, with `hnsw.iterative_scan = relaxed_order` so the owner filter cannot starve the top-k; if the
   index still comes back short the search is redone exactly.
 
+A long memory's later pieces (memory_pieces; README, "Long memories") are not indexed: an owner that has any gets
+them scanned exactly beside the search above, and each memory keeps its best score (_best_of).
+
 The store interface keeps vectors as little-endian float32 blobs (the export format); they are converted to
 pgvector's binary form at this boundary.
 
@@ -615,12 +618,14 @@ class PostgresStore(SQLRecords):
                 f"INSERT INTO memories AS m (id, tenant, user_id, topic, content, digest, source, confidence,"
                 " created_at, last_seen, observations, expires_at, embedding, embed_model, context_search)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s, %s,"
-                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {MEMORY_COLUMNS}",
+                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {MEMORY_COLUMNS}, m.pk",
                 (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
                  item.confidence, item.created_at, now, item.expires_at,
                  None if item.vector is None else Blob(item.vector), item.embed_model,
                  owner.tenant, owner.user, item.topic)).fetchone()
             if inserted is not None:
+                if item.pieces:
+                    self._put_pieces(cur, inserted[MEMORY_WIDTH], item.embed_model, item.pieces)
                 return _memory(inserted)
             row = cur.execute(select, (owner.tenant, owner.user, key)).fetchone()  # a concurrent insert won
             if row is None:
@@ -637,9 +642,21 @@ class PostgresStore(SQLRecords):
             (now, seen.expires_at, seen.source, seen.confidence,
              *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), row[0])).fetchone()
         assert updated is not None  # the row was just read under the same transaction
+        if seen.replace_vector:
+            self._put_pieces(cur, row[0], item.embed_model, item.pieces)
         return _memory(updated)
 
-    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None]) -> int:
+    @staticmethod
+    def _put_pieces(cur: psycopg.Cursor, key: int, model: str | None, pieces: Sequence[bytes]) -> None:
+        """Make `pieces` (of `model`) the later pieces of memory `key`, in place of any it had."""
+        cur.execute("DELETE FROM memory_pieces WHERE memory_pk = %s", (key,))
+        if pieces:
+            cur.executemany("INSERT INTO memory_pieces (memory_pk, piece, tenant, user_id, embed_model, embedding)"
+                            " SELECT pk, %s, tenant, user_id, %s, %s FROM memories WHERE pk = %s",
+                            [(number, model, Blob(blob), key) for number, blob in enumerate(pieces, 1)])
+
+    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None],
+                        pieces: Sequence[Sequence[bytes]] = ()) -> int:
         """COPY into a temporary table, then one INSERT ... ON CONFLICT DO NOTHING (skips ids and texts the owner
         already has), in input order. This is also the bulk path: about as fast as PostgreSQL ingests."""
         if not items:
@@ -681,8 +698,22 @@ class PostgresStore(SQLRecords):
                 " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words),"
                 " i.superseded_at, i.superseded_by"
                 " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
-                " ON CONFLICT DO NOTHING", (owner.tenant, owner.user, owner.tenant, owner.user))
-            return cur.rowcount
+                " ON CONFLICT DO NOTHING RETURNING id, pk", (owner.tenant, owner.user, owner.tenant, owner.user))
+            added = dict(cur.fetchall())
+            for memory, vector, later in zip(items, vectors, pieces):
+                if later and vector is not None and memory.id in added:
+                    self._put_pieces(cur, added[memory.id], memory.embed_model, later)
+            return len(added)
+
+    def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
+        found: dict[str, list[bytes]] = {}
+        with self._tenant(owner.tenant) as cur:
+            for memory_id, blob in cur.execute(
+                    "SELECT m.id, p.embedding FROM memories m JOIN memory_pieces p ON p.memory_pk = m.pk"
+                    f" WHERE {_OWNER} AND m.id = ANY(%s) AND p.embed_model = m.embed_model ORDER BY m.pk, p.piece",
+                    (owner.tenant, owner.user, list(ids))).fetchall():
+                found.setdefault(memory_id, []).append(blob)
+        return found
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
         with self._tenant(owner.tenant) as cur:
@@ -769,7 +800,7 @@ class PostgresStore(SQLRecords):
         query = np.asarray(query, dtype=np.float32)
         dimensions = int(query.shape[0])
         with self._tenant(owner.tenant) as cur:
-            stored, rows = self._owner_vector_shape(cur, owner, model)
+            stored, rows, pieced = self._owner_vector_shape(cur, owner, model)
             if stored is None:
                 return []
             if stored != dimensions:
@@ -780,22 +811,45 @@ class PostgresStore(SQLRecords):
             self._serve({(model, dimensions)})
             blob = Blob(query.astype("<f4").tobytes())
             indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
+            found = None
             if rows > self.exact_max_rows and indexed:
                 found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now, view)
-                if found is not None:
-                    return found
-            return self._exact(cur, owner, model, blob, dimensions, limit, floor, now, view)
+            if found is None:
+                found = self._exact(cur, owner, model, blob, dimensions, limit, floor, now, view)
+            if not pieced:
+                return found
+            return _best_of(found, self._piece_hits(cur, owner, model, blob, dimensions, limit, floor, now, view),
+                            limit)
 
-    def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str) -> tuple[int | None, int]:
-        """The dimensions of the owner's vectors of `model` (None when it has none) and how many rows it has,
-        counted up to exact_max_rows + 1 only, through the owner index, so the count stays cheap."""
+    def _piece_hits(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
+                    floor: float, now: datetime, view: View) -> list[Scored]:
+        """The best `limit` memories by their best later piece (exact: an owner's pieces are few, one per 200 or so
+        words beyond a long memory's first piece)."""
+        seen, at = _seen(view)
+        query = sql.SQL(
+            "SELECT {columns}, best.score FROM (SELECT p.memory_pk, max(1 - ({cast} <=> %s::vector({dims}))) AS score"
+            " FROM memory_pieces p WHERE p.tenant = %s AND p.user_id = %s AND {vector} GROUP BY p.memory_pk) best"
+            " JOIN memories m ON m.pk = best.memory_pk WHERE {owner} AND m.embed_model = %s AND {live}{seen}"
+            " AND best.score >= %s ORDER BY best.score DESC, m.confidence DESC, m.pk DESC LIMIT %s").format(
+            columns=sql.SQL(MEMORY_COLUMNS), cast=_cast(dimensions, "p."), dims=sql.Literal(dimensions),
+            vector=_vector_predicate(model, dimensions, "p."), owner=sql.SQL(_OWNER), live=sql.SQL(_LIVE), seen=seen)
+        rows = cur.execute(query, (blob, owner.tenant, owner.user, owner.tenant, owner.user, model, now, *at, floor,
+                                   limit)).fetchall()
+        return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
+
+    def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str) -> tuple[int | None, int, bool]:
+        """The dimensions of the owner's vectors of `model` (None when it has none), how many rows it has, counted
+        up to exact_max_rows + 1 only, through the owner index, so the count stays cheap, and whether it has later
+        pieces of long memories (most owners have none, and their searches skip the pieces' query)."""
         row = cur.execute(
             "SELECT (SELECT vector_dims(embedding) FROM memories WHERE tenant = %s AND user_id = %s"
             "        AND embed_model = %s AND embedding IS NOT NULL LIMIT 1),"
             "       (SELECT count(*) FROM (SELECT 1 FROM memories WHERE tenant = %s AND user_id = %s"
-            "        AND embed_model = %s LIMIT %s) s)",
-            (owner.tenant, owner.user, model, owner.tenant, owner.user, model, self.exact_max_rows + 1)).fetchone()
-        return (None, 0) if row is None else (row[0], row[1])
+            "        AND embed_model = %s LIMIT %s) s),"
+            "       EXISTS (SELECT 1 FROM memory_pieces WHERE tenant = %s AND user_id = %s AND embed_model = %s)",
+            (owner.tenant, owner.user, model, owner.tenant, owner.user, model, self.exact_max_rows + 1,
+             owner.tenant, owner.user, model)).fetchone()
+        return (None, 0, False) if row is None else (row[0], row[1], row[2])
 
     def _exact(self, cur: psycopg.Cursor, owner: Owner, model: str, blob: Blob, dimensions: int, limit: int,
                floor: float, now: datetime, view: View) -> list[Scored]:
@@ -845,12 +899,14 @@ class PostgresStore(SQLRecords):
                               (owner.tenant, owner.user, model)).fetchone()
         return None if row is None else int(row[0])
 
-    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
+    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes, Sequence[bytes]]]) -> None:
         rows = list(rows)
-        self._serve(self._pairs((model, blob) for _, blob in rows))
+        self._serve(self._pairs((model, blob) for _, blob, _ in rows))
         with self._admin() as cur:
             cur.executemany("UPDATE memories SET embedding = %s, embed_model = %s WHERE pk = %s",
-                            [(Blob(blob), model, key) for key, blob in rows])
+                            [(Blob(blob), model, key) for key, blob, _ in rows])
+            for key, _, pieces in rows:
+                self._put_pieces(cur, key, model, pieces)
 
     # ------------------------------------------------------------ the memory half's share of erasure
     def _remove_memories(self, db: Statements, where: str, params: tuple, whole_tenant: str | None
@@ -878,6 +934,8 @@ class PostgresStore(SQLRecords):
         """Queue the tables that lost rows for the scrub, in the erasing transaction, and wake the upkeep thread
         (the wake-up is harmless if that transaction then rolls back: the scrub finds nothing queued)."""
         tables = [table for table, count in erased.items() if count]
+        if erased.get("memories"):
+            tables.append("memory_pieces")  # deleted with their memories (ON DELETE CASCADE)
         if tables:
             cur.execute("INSERT INTO memshelf_scrub (relation) SELECT unnest(%s::text[])", (tables,))
             self._upkeep.erased()
@@ -894,6 +952,19 @@ class PostgresStore(SQLRecords):
             return self._upkeep.scrub(full)
         except psycopg.Error as exc:
             raise _translate(exc, self._hint) from exc
+
+
+def _best_of(rows: list[Scored], pieces: list[Scored], limit: int) -> list[Scored]:
+    """The best `limit` memories by their best vector, the row's (its first piece) or a later piece's: ordered by
+    score, then confidence. Exact when each list holds its own best `limit`."""
+    if not pieces:
+        return rows
+    best: dict[str, Scored] = {}
+    for hit in (*rows, *pieces):
+        held = best.get(hit.memory.id)
+        if held is None or hit.score > held.score:
+            best[hit.memory.id] = hit
+    return sorted(best.values(), key=lambda hit: (-hit.score, -hit.memory.confidence))[:limit]
 
 
 def _redigest(conn: psycopg.Connection) -> None:

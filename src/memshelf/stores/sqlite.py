@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import sqlite3
 import threading
@@ -329,6 +330,8 @@ class SQLiteStore(SQLRecords):
                          item.confidence, ts(item.created_at), ts(now), ts(item.expires_at), item.vector,
                          item.embed_model, context))
                     self._fts.add(owner.tenant, cur.lastrowid or 0, item.topic, item.content, tag, context)
+                    if item.pieces:
+                        self._put_pieces(cur.lastrowid or 0, item.embed_model, item.pieces)
                 else:
                     self._observe_again(row, item, now)
                 got = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m "
@@ -381,11 +384,21 @@ class SQLiteStore(SQLRecords):
             " confidence = ?" + (", embedding = ?, embed_model = ?" if seen.replace_vector else "") + " WHERE pk = ?",
             (ts(now), ts(seen.expires_at), seen.source, seen.confidence,
              *((item.vector, item.embed_model) if seen.replace_vector else ()), row[0]))
+        if seen.replace_vector:
+            self._put_pieces(row[0], item.embed_model, item.pieces)
 
-    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None]) -> int:
+    def _put_pieces(self, key: int, model: str | None, pieces: Sequence[bytes]) -> None:
+        """Make `pieces` (of `model`) the later pieces of memory `key`, in place of any it had."""
+        self._q("DELETE FROM memory_pieces WHERE memory_pk = ?", (key,))
+        for number, blob in enumerate(pieces, 1):
+            self._q("INSERT INTO memory_pieces (memory_pk, piece, tenant, user_id, embed_model, embedding)"
+                    " SELECT pk, ?, tenant, user_id, ?, ? FROM memories WHERE pk = ?", (number, model, blob, key))
+
+    def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None],
+                        pieces: Sequence[Sequence[bytes]] = ()) -> int:
         added = 0
         with self.atomic():
-            for memory, vector in zip(items, vectors):
+            for memory, vector, later in zip(items, vectors, pieces or [()] * len(items)):
                 context, tag = self._context(owner, memory.topic, None), owner_tag(owner)
                 cur = self._q(
                     "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
@@ -399,8 +412,22 @@ class SQLiteStore(SQLRecords):
                      ts(memory.superseded_at), memory.superseded_by))
                 if cur.rowcount:
                     self._fts.add(owner.tenant, cur.lastrowid or 0, memory.topic, memory.content, tag, context)
+                    if later and vector is not None:
+                        self._put_pieces(cur.lastrowid or 0, memory.embed_model, later)
                 added += cur.rowcount
         return added
+
+    def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
+        found: dict[str, list[bytes]] = {}
+        for start in range(0, len(ids), 500):  # SQLite's bound on parameters
+            chunk = ids[start:start + 500]
+            for memory_id, blob in self._q(
+                    "SELECT m.id, p.embedding FROM memories m JOIN memory_pieces p ON p.memory_pk = m.pk"
+                    f" WHERE m.tenant = ? AND m.user_id = ? AND m.id IN ({','.join('?' * len(chunk))})"
+                    " AND p.embed_model = m.embed_model ORDER BY m.pk, p.piece",
+                    (owner.tenant, owner.user, *chunk)).fetchall():
+                found.setdefault(memory_id, []).append(blob)
+        return found
 
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None:
         row = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ? AND m.id = ?"
@@ -529,23 +556,32 @@ class SQLiteStore(SQLRecords):
                         matrix.nbytes / 1e6, self._vectors.max_bytes / 1e6, CACHE_ENV)
 
     def _vector_rows(self, owner: Owner, model: str, after: int) -> list[Sequence]:
-        """(pk, vector, confidence, until) of the owner's rows: a superseded row counts as expired from the instant
-        it was closed, so the cached matrix serves current memories only (closing one rebuilds it)."""
-        return self._q(
-            "SELECT pk, embedding, confidence, CASE WHEN superseded_at IS NULL THEN expires_at"
-            " WHEN expires_at IS NULL OR superseded_at < expires_at THEN superseded_at ELSE expires_at END"
-            " FROM memories INDEXED BY memories_owner_model"
-            " WHERE tenant = ? AND user_id = ? AND embed_model = ? AND pk > ? AND embedding IS NOT NULL ORDER BY pk",
-            (owner.tenant, owner.user, model, after)).fetchall()
+        """(pk, vector, confidence, until) of the owner's rows and their later pieces: a superseded row counts as
+        expired from the instant it was closed, so the cached matrix serves current memories only (closing one
+        rebuilds it)."""
+        until = ("CASE WHEN m.superseded_at IS NULL THEN m.expires_at WHEN m.expires_at IS NULL"
+                 " OR m.superseded_at < m.expires_at THEN m.superseded_at ELSE m.expires_at END")
+        return self._with_pieces(owner, model, f"m.pk, m.embedding, m.confidence, {until}", " AND m.pk > ?", (after,))
 
     def _view_vectors(self, owner: Owner, model: str, view: View) -> VectorMatrix:
         """The owner's vectors of `model` that a view of the past sees, read now, not cached."""
         seen, at = view_condition(view, ts)
-        rows = self._q(
-            "SELECT m.pk, m.embedding, m.confidence, m.expires_at FROM memories m INDEXED BY memories_owner_model"
-            f" WHERE m.tenant = ? AND m.user_id = ? AND m.embed_model = ? AND m.embedding IS NOT NULL{seen}"
-            " ORDER BY m.pk", (owner.tenant, owner.user, model, *at)).fetchall()
+        rows = self._with_pieces(owner, model, "m.pk, m.embedding, m.confidence, m.expires_at", seen, at)
         return VectorMatrix.build(model, rows, parse_ts)
+
+    def _with_pieces(self, owner: Owner, model: str, columns: str, where: str, params: tuple) -> list[Sequence]:
+        """`columns` (the first the key, the second the vector) of the owner's memories with vectors of `model` and
+        matching `where` (on alias m), in key order, each followed by its later pieces (the vector then the piece's).
+        Read in two index walks and merged: one sort of every row would move every vector."""
+        rows = self._q(f"SELECT {columns} FROM memories m INDEXED BY memories_owner_model WHERE m.tenant = ?"
+                       f" AND m.user_id = ? AND m.embed_model = ? AND m.embedding IS NOT NULL{where} ORDER BY m.pk",
+                       (owner.tenant, owner.user, model, *params)).fetchall()
+        pieces = self._q(f"SELECT {columns.replace('m.embedding', 'p.embedding')} FROM memory_pieces p"
+                         " JOIN memories m ON m.pk = p.memory_pk WHERE p.tenant = ? AND p.user_id = ?"
+                         " AND p.embed_model = ? AND m.embed_model = p.embed_model"
+                         f"{where.replace('m.pk', 'p.memory_pk')} ORDER BY p.memory_pk, p.piece",
+                         (owner.tenant, owner.user, model, *params)).fetchall()
+        return list(heapq.merge(rows, pieces, key=lambda row: row[0])) if pieces else rows
 
     def pending_vectors(self, model: str, after: int, limit: int) -> list[Pending]:
         rows = self._q("SELECT pk, content FROM memories WHERE pk > ? AND (embed_model IS NULL OR embed_model != ?"
@@ -561,10 +597,11 @@ class SQLiteStore(SQLRecords):
                       " AND embedding IS NOT NULL LIMIT 1", (owner.tenant, owner.user, model)).fetchone()
         return None if row is None else int(row[0])
 
-    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes]]) -> None:
+    def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes, Sequence[bytes]]]) -> None:
         with self.atomic():
-            for key, blob in rows:
+            for key, blob, pieces in rows:
                 self._q("UPDATE memories SET embedding = ?, embed_model = ? WHERE pk = ?", (blob, model, key))
+                self._put_pieces(key, model, pieces)
 
     # the memory half's share of erasure (sql_records.py runs the rest)
     def _remove_memories(self, db: Statements, where: str, params: tuple, whole_tenant: str | None

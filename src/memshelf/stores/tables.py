@@ -2,11 +2,11 @@
 and verify, and PostgreSQL's row-level security read. Adding an owner table is one entry here plus its DDL (a
 migration per backend; on PostgreSQL, `_postgres_schema.tenant_wall` gives it the same wall as the others).
 
-A table's rows are kept by one half of the store contract: `memories` by the memory-and-search half (each backend
-indexes it its own way, so each deletes its rows its own way), every other table by the records half, written
-once over both SQL dialects (sql_records.py). Tables a backend derives from these (SQLite's owner_generation
-counters, its per-tenant full-text tables) are not listed: they are not exported or copied, and the backend
-erases them with their owner.
+A table's rows are kept by one half of the store contract: `memories` and `memory_pieces` by the memory-and-search
+half (each backend indexes them its own way, so each deletes their rows its own way; pieces go with their memory,
+by foreign key), every other table by the records half, written once over both SQL dialects (sql_records.py).
+Tables a backend derives from these (SQLite's owner_generation counters, its per-tenant full-text tables) are not
+listed: they are not exported or copied, and the backend erases them with their owner.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class OwnerTable:
 
 OWNER_TABLES: tuple[OwnerTable, ...] = (
     OwnerTable("memories", kind="memory", counted_as="memories", in_stats=True, expires=True, records=False),
+    OwnerTable("memory_pieces", records=False),  # a long memory's later pieces' vectors, deleted with the memory
     OwnerTable("facts", kind="fact", counted_as="facts", in_stats=True),
     OwnerTable("fact_history", kind="fact_change", counted_as="fact_changes"),
     OwnerTable("messages", kind="message", counted_as="messages", in_stats=True, expires=True),
