@@ -268,7 +268,7 @@ def add_cache_flag(parser: argparse.ArgumentParser) -> None:
 def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Set module constants for an experiment; returns what was changed (recorded in the JSON)."""
     changes: list[tuple[str, str, str]] = []
-    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"),
+    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"), "semantic_k": ("memshelf._retrieval", "SEMANTIC_K"),
                  "semantic_weight": ("memshelf._retrieval", "SEMANTIC_WEIGHT"),
                  "keyword_weight": ("memshelf._retrieval", "KEYWORD_WEIGHT"),
                  "candidates": ("memshelf.shelf", "CANDIDATES"), "query_terms": ("memshelf.shelf", "MAX_QUERY_TERMS")}
@@ -303,6 +303,7 @@ def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
         def fuse(by_words, by_meaning, **kw):  # type: ignore[no-untyped-def]
             kw.setdefault("k", retrieval.RRF_K)
+            kw.setdefault("semantic_k", retrieval.SEMANTIC_K)
             kw.setdefault("keyword_weight", retrieval.KEYWORD_WEIGHT)
             kw.setdefault("semantic_weight", retrieval.SEMANTIC_WEIGHT)
             return original(by_words, by_meaning, **kw)
@@ -312,9 +313,10 @@ def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_override_flags(parser: argparse.ArgumentParser) -> None:
-    """The tuning flags apply_overrides reads: --rrf-k, --semantic-weight, --keyword-weight, --candidates,
-    --query-terms, --set."""
+    """The tuning flags apply_overrides reads: --rrf-k, --semantic-k, --semantic-weight, --keyword-weight,
+    --candidates, --query-terms, --set."""
     parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf._retrieval.RRF_K")
+    parser.add_argument("--semantic-k", dest="semantic_k", default=None, help="override memshelf._retrieval.SEMANTIC_K")
     parser.add_argument("--semantic-weight", dest="semantic_weight", default=None,
                         help="override memshelf._retrieval.SEMANTIC_WEIGHT")
     parser.add_argument("--keyword-weight", dest="keyword_weight", default=None,

@@ -7,8 +7,9 @@
 A dump holds, per question, the hybrid's keyword candidates (the store's own call, with the conversation context)
 with raw scores, and every memory's cosine. Each rule here turns those into a ranking; the lab scores it with the
 benchmark's own protocol (LoCoMo: frac@5 and any@5 over the top 10 memories; LongMemEval: the top 50 memories
-collapsed to sessions, any@5 and all@5), so a rule is judged on every data set and backend at once. The `shipped`
-rule is the library's fusion (memshelf._retrieval), so its row must match the benchmark's own numbers.
+collapsed to sessions, any@5 and all@5), so a rule is judged on every data set and backend at once. The `library`
+rule is the library's own fuse(), so its row must match the benchmark's own numbers; `rrf_shipped` is the rank
+fusion shipped before (RRF k=10, semantic weight 0.5).
 """
 
 from __future__ import annotations
@@ -173,20 +174,49 @@ def keep_best(q: Question, k: float = 10, wk: float = 1.0, ws: float = 0.5, dept
     return rank_by(score, (a > 0) | (b > 0))
 
 
-def zsum(q: Question, ws: float = 0.5, depth: int = DEPTH, floor: float = FLOOR, missing: float = 0.0
-         ) -> np.ndarray:
-    """Each side's raw scores as z-scores within its own candidate list, summed (a side's missing row: `missing`)."""
+def zsum(q: Question, ws: float = 0.5, depth: int = DEPTH, floor: float = FLOOR, missing: float | str = 0.0,
+         kdepth: int | None = None, both: float = 1.0) -> np.ndarray:
+    """Each side's raw scores as z-scores within its own candidate list, summed. A row one side did not return
+    scores `missing` there: a number, "min" (that side's lowest z), or "zero" (the z of no match: keyword 0, cosine
+    the floor, but no lower than -3)."""
     n = len(q.cos)
     a, b = np.full(n, np.nan), np.full(n, np.nan)
-    kw, kws = q.kw[:depth], q.kws[:depth]
-    if len(kw):
-        a[kw] = (kws - kws.mean()) / (kws.std() or 1.0)
+    fill = []
+    kw, kws = q.kw[:kdepth or depth], q.kws[:kdepth or depth]
     sem, sims = semantic_side(q, depth, floor)
-    if len(sem):
-        b[sem] = (sims - sims.mean()) / (sims.std() or 1.0)
+    for side, ids, raw, none in ((a, kw, kws, 0.0), (b, sem, sims, floor)):
+        if not len(ids):
+            fill.append(0.0 if not isinstance(missing, float) else missing)
+            continue
+        mean, std = raw.mean(), raw.std() or 1.0
+        side[ids] = (raw - mean) / std
+        if missing == "min-1":
+            fill.append(min(-1.0, float(side[ids].min())))
+        elif missing == "min":
+            fill.append(float(side[ids].min()))
+        elif missing == "zero":
+            fill.append(max(-3.0, (none - mean) / std))
+        else:
+            fill.append(float(missing))
     member = ~np.isnan(a) | ~np.isnan(b)
-    score = np.nan_to_num(a, nan=missing) + ws * np.nan_to_num(b, nan=missing)
+    a, b = np.nan_to_num(a, nan=fill[0]), ws * np.nan_to_num(b, nan=fill[1])
+    score = np.maximum(a, b) + both * np.minimum(a, b)  # both=1: the plain sum
     return rank_by(score, member)
+
+
+def library(q: Question, depth: int = DEPTH, floor: float = FLOOR) -> np.ndarray:
+    """The library's own fuse() (memshelf._retrieval, with its current constants) on these candidates."""
+    from types import SimpleNamespace
+
+    from memshelf._retrieval import fuse
+    from memshelf.stores.base import Scored
+
+    def scored(ids: np.ndarray, raw: np.ndarray) -> list[Scored]:
+        return [Scored(SimpleNamespace(id=int(i)), float(s)) for i, s in zip(ids, raw)]  # type: ignore[arg-type]
+
+    sem, sims = semantic_side(q, depth, floor)
+    return np.array([c.memory.id for c in fuse(scored(q.kw[:depth], q.kws[:depth]), scored(sem, sims))],
+                    dtype=np.int64)
 
 
 def oracle(q: Question, depth: int = DEPTH, floor: float = FLOOR) -> np.ndarray:
@@ -198,7 +228,8 @@ def oracle(q: Question, depth: int = DEPTH, floor: float = FLOOR) -> np.ndarray:
 
 
 RULES: dict[str, Callable[[Question], np.ndarray]] = {
-    "shipped": lambda q: rrf(q),
+    "rrf_shipped": lambda q: rrf(q),
+    "library": library,
     "oracle": oracle,
     "oracle_depth200": lambda q: oracle(q, 200, -1.0),
     "keyword_only": lambda q: rrf(q, ws=0.0),
@@ -219,8 +250,20 @@ for _k in (5, 10):
         for _ws in (0.1, 0.2, 0.3, 0.5):
             RULES[f"rrf2_k{_k}_ks{_ks}_ws{_ws}"] = lambda q, k=_k, ks=_ks, ws=_ws: rrf(q, k=k, ws=ws, ks=ks)
 for _ws in (0.3, 0.5, 0.7, 1.0):
-    for _miss in (0.0, -1.0, -2.0):
+    for _miss in (0.0, -1.0, -2.0, "min", "min-1", "zero"):
         RULES[f"zsum_ws{_ws}_miss{_miss}"] = lambda q, ws=_ws, m=_miss: zsum(q, ws=ws, missing=m)
+for _ws in (0.6, 0.65, 0.75, 0.8):
+    RULES[f"zsum_ws{_ws}_missmin-1"] = lambda q, ws=_ws: zsum(q, ws=ws, missing="min-1")
+for _k in (5, 7, 10):
+    for _ks in (1, 2, 3):
+        for _ws in (0.15, 0.2, 0.25, 0.3):
+            RULES.setdefault(f"rrf2_k{_k}_ks{_ks}_ws{_ws}", lambda q, k=_k, ks=_ks, ws=_ws: rrf(q, k=k, ws=ws, ks=ks))
+for _ws in (0.5, 0.7, 1.0):
+    for _both in (0.0, 0.25, 0.5):
+        RULES[f"zmax_ws{_ws}_both{_both}"] = lambda q, ws=_ws, b=_both: zsum(q, ws=ws, missing=-1.0, both=b)
+for _d in (10, 20, 30, 100):
+    RULES[f"zsum_ws0.5_miss-1.0_depth{_d}"] = lambda q, d=_d: zsum(q, ws=0.5, missing=-1.0, depth=d)
+    RULES[f"zsum_ws0.5_miss-1.0_kdepth{_d}"] = lambda q, d=_d: zsum(q, ws=0.5, missing=-1.0, kdepth=d)
 for _share in (0.25, 0.5, 1.0):
     for _mode in ("max", "mean"):
         for _after in (False, True):
@@ -240,11 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [n for n in RULES if not wanted or any(re.fullmatch(w.replace("*", ".*"), n) for w in wanted)]
     for name in names:
         cells = []
+        total = 0.0
         for dump in dumps:
             m = measure(dump, [RULES[name](q) for q in dump.questions])
+            total += m["frac@5"] if dump.locomo else (m["any@5"] + m["all@5"]) / 2
             cells.append(f"{dump.name} " + (f"frac@5 {m['frac@5']:.3f} frac@10 {m['frac@10']:.3f}" if dump.locomo
                                             else f"any@5 {m['any@5']:.3f} all@5 {m['all@5']:.3f}"))
-        print(f"{name:28s} " + " | ".join(cells))
+        print(f"{name:28s} " + " | ".join(cells) + f" | sum {total:.3f}", flush=True)
     return 0
 
 

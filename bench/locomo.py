@@ -21,8 +21,9 @@ both speakers, the later one replacing the earlier, and a mined memory says "The
 memories join the turns in search; a hit on one counts as retrieving the turns it was learned from (its
 evidence). Mined facts are stored too, but search returns memories only, so they cannot change these numbers.
 
-Tuning knobs (--rrf-k, --semantic-weight, --set module.NAME=value, ...) override module constants at run time so
-experiments need no edit of the library; the defaults measure the library exactly as shipped.
+Tuning knobs (--rrf-k, --semantic-k, --semantic-weight, --candidates, --set module.NAME=value, ...) override
+module constants at run time so experiments need no edit of the library; the defaults measure the library exactly
+as shipped. --dump writes each question's candidates for bench/fusion_lab.py.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ retrieval in general, never to tune for these questions. The data is read from o
 The JSON keeps, per question and mode, the ranked sessions and every hit on an evidence session within the 50
 (rank, score, retriever, details), so a miss can be read without rerunning.
 
-Tuning knobs (--rrf-k, --semantic-weight, --candidates, --set module.NAME=value, ...) override module constants at
-run time, as in bench/locomo.py; the defaults measure the library exactly as shipped.
+Tuning knobs (--rrf-k, --semantic-k, --semantic-weight, --candidates, --set module.NAME=value, ...) override
+module constants at run time, as in bench/locomo.py; the defaults measure the library exactly as shipped. --dump
+writes each question's candidates for bench/fusion_lab.py.
 """
 
 from __future__ import annotations
