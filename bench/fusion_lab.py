@@ -6,10 +6,13 @@
 
 A dump holds, per question, the hybrid's keyword candidates (the store's own call, with the conversation context)
 with raw scores, and every memory's cosine. Each rule here turns those into a ranking; the lab scores it with the
-benchmark's own protocol (LoCoMo: frac@5 and any@5 over the top 10 memories; LongMemEval: the top 50 memories
-collapsed to sessions, any@5 and all@5), so a rule is judged on every data set and backend at once. The `library`
-rule is the library's own fuse(), so its row must match the benchmark's own numbers; `rrf_shipped` is the rank
-fusion shipped before (RRF k=10, semantic weight 0.5).
+benchmark's own protocol (LoCoMo: frac@5 and frac@10 of the top memories; LongMemEval: the top 50 memories
+collapsed to sessions, any@5 and all@5), so a rule is judged on every data set and backend at once; `sum` adds
+LoCoMo's frac@5 and the mean of LongMemEval's two, a rough total only. The `library` rule is the library's own
+fuse(), so its row must match the benchmark's own numbers; `rrf_shipped` is the rank fusion shipped before (RRF
+k=10, semantic weight 0.5). Rule names: rrf_kK_wsW (k and semantic weight), rrf2_kK_ksS_wsW (the semantic side
+with its own k), zsum (standardised scores), norm (scores over the best), keep_best/zmax (the better side counts
+most), ctxcos (a memory's cosine plus its topic neighbours'), oracle (the ceiling: evidence first).
 """
 
 from __future__ import annotations
