@@ -248,6 +248,8 @@ for _k in (5, 10, 20):
         for _both in (0.0, 0.5):
             RULES[f"keep_best_k{_k}_ws{_ws}_both{_both}"] = lambda q, k=_k, ws=_ws, b=_both: keep_best(
                 q, k=k, ws=ws, both=b)
+for _d in (20, 30):
+    RULES[f"library_depth{_d}"] = lambda q, d=_d: library(q, depth=d)
 for _share in (0.5, 1.0):
     RULES[f"ctxcos_mean_after_{_share}_steep"] = lambda q, s=_share: rrf(
         q, ks=1, ws=0.15, cos=context_cos(q, s, "mean", True))
