@@ -268,7 +268,7 @@ def add_cache_flag(parser: argparse.ArgumentParser) -> None:
 def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Set module constants for an experiment; returns what was changed (recorded in the JSON)."""
     changes: list[tuple[str, str, str]] = []
-    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"),
+    shortcuts = {"rrf_k": ("memshelf._retrieval", "RRF_K"), "semantic_k": ("memshelf._retrieval", "SEMANTIC_K"),
                  "semantic_weight": ("memshelf._retrieval", "SEMANTIC_WEIGHT"),
                  "keyword_weight": ("memshelf._retrieval", "KEYWORD_WEIGHT"),
                  "candidates": ("memshelf.shelf", "CANDIDATES"), "query_terms": ("memshelf.shelf", "MAX_QUERY_TERMS")}
@@ -303,6 +303,7 @@ def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
         def fuse(by_words, by_meaning, **kw):  # type: ignore[no-untyped-def]
             kw.setdefault("k", retrieval.RRF_K)
+            kw.setdefault("semantic_k", retrieval.SEMANTIC_K)
             kw.setdefault("keyword_weight", retrieval.KEYWORD_WEIGHT)
             kw.setdefault("semantic_weight", retrieval.SEMANTIC_WEIGHT)
             return original(by_words, by_meaning, **kw)
@@ -312,9 +313,10 @@ def apply_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_override_flags(parser: argparse.ArgumentParser) -> None:
-    """The tuning flags apply_overrides reads: --rrf-k, --semantic-weight, --keyword-weight, --candidates,
-    --query-terms, --set."""
+    """The tuning flags apply_overrides reads: --rrf-k, --semantic-k, --semantic-weight, --keyword-weight,
+    --candidates, --query-terms, --set."""
     parser.add_argument("--rrf-k", dest="rrf_k", default=None, help="override memshelf._retrieval.RRF_K")
+    parser.add_argument("--semantic-k", dest="semantic_k", default=None, help="override memshelf._retrieval.SEMANTIC_K")
     parser.add_argument("--semantic-weight", dest="semantic_weight", default=None,
                         help="override memshelf._retrieval.SEMANTIC_WEIGHT")
     parser.add_argument("--keyword-weight", dest="keyword_weight", default=None,
@@ -334,3 +336,54 @@ def shared_data(name: str) -> Path:
         if (parent / "shared" / "data" / name).is_file():
             return parent / "shared" / "data" / name
     return repo.parent / "shared" / "data" / name
+
+
+# ---------------------------------------------------------------------------------------------------- candidates
+class CandidateDump:
+    """Both retrievers' candidates for each question, as the hybrid search asks for them, with raw scores, so that
+    fusion rules can be tried offline in seconds (bench/fusion_lab.py) instead of rerunning a benchmark.
+
+    The keyword side is the store's hybrid call (ranked with the conversation context) at depth `depth`; the meaning
+    side is every memory of the owner with its cosine (no floor), so floors and depths can be tried too. Memories are
+    numbered per owner in the order stored; `labels` say what each one stands for (LoCoMo: its dia ids, LongMemEval:
+    its session), `topics` let a rule look at a memory's neighbours in the same topic.
+    """
+
+    def __init__(self, path: str | Path, depth: int = 200) -> None:
+        self.path = Path(path)
+        self.depth = depth
+        self.owners: dict[str, dict[str, Any]] = {}
+        self.questions: list[dict[str, Any]] = []
+        self._index: dict[str, dict[str, int]] = {}
+
+    def owner(self, owner: Any, memories: Sequence[Any], labels: Sequence[Sequence[str]]) -> None:
+        name = f"{owner.tenant}/{owner.user}"
+        self._index[name] = {m.id: i for i, m in enumerate(memories)}
+        self.owners[name] = {"topics": [m.topic for m in memories], "labels": [list(x) for x in labels]}
+
+    def question(self, shelf: Any, owner: Any, text: str, evidence: Sequence[str], kind: str) -> None:
+        from memshelf.keywords import keywords
+        from memshelf.shelf import MAX_QUERY_TERMS
+
+        name = f"{owner.tenant}/{owner.user}"
+        index = self._index[name]
+        now = shelf.now()
+        by_words = shelf.store.keyword_search(owner, keywords(text, limit=MAX_QUERY_TERMS), self.depth, now,
+                                              by_confidence=False)
+        query = shelf.embedder.embed_batch([text])[0]
+        by_meaning = shelf.store.vector_search(owner, shelf.embedder.model, query, len(index), -1.0, now)
+        self.questions.append({
+            "owner": name, "kind": kind, "evidence": sorted(evidence),
+            "keyword": [[index[s.memory.id], round(s.score, 6)] for s in by_words],
+            "semantic": [[index[s.memory.id], round(s.score, 6)] for s in by_meaning]})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"depth": self.depth, "owners": self.owners, "questions": self.questions}))
+        print(f"wrote {len(self.questions)} questions' candidates to {self.path}")
+
+
+def add_dump_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dump", metavar="PATH", default=None,
+                        help="also write each question's keyword and semantic candidates with raw scores as JSON, "
+                             "for bench/fusion_lab.py")

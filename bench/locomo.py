@@ -21,8 +21,9 @@ both speakers, the later one replacing the earlier, and a mined memory says "The
 memories join the turns in search; a hit on one counts as retrieving the turns it was learned from (its
 evidence). Mined facts are stored too, but search returns memories only, so they cannot change these numbers.
 
-Tuning knobs (--rrf-k, --semantic-weight, --set module.NAME=value, ...) override module constants at run time so
-experiments need no edit of the library; the defaults measure the library exactly as shipped.
+Tuning knobs (--rrf-k, --semantic-k, --semantic-weight, --candidates, --set module.NAME=value, ...) override
+module constants at run time so experiments need no edit of the library; the defaults measure the library exactly
+as shipped. --dump writes each question's candidates for bench/fusion_lab.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -48,7 +50,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    CachingEmbedder, add_cache_flag, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
+    CachingEmbedder, CandidateDump, add_cache_flag, add_dump_flag, add_override_flags, apply_overrides,
+    embedded_postgres_url, shared_data)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("locomo10.json")
@@ -172,10 +175,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
                  "--modes keyword")
     embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
+    dump = CandidateDump(args.dump) if args.dump and embedder is not None else None
     mined = Mined()
     mined_share: dict[str, list[float]] = defaultdict(list)
     per_mode: dict[str, list[tuple[int, dict[str, float]]]] = {m: [] for m in modes}
-    search_seconds: dict[str, float] = defaultdict(float)
+    search_seconds: dict[str, list[float]] = defaultdict(list)
     started = time.perf_counter()
     remember_seconds = 0.0
     with tempfile.TemporaryDirectory(prefix="memshelf-locomo-") as tmp, ExitStack() as stack:
@@ -188,9 +192,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # global to the file) do not depend on the order the conversations are evaluated in.
             for conv, owner in zip(conversations, owners):
                 t0 = time.perf_counter()
-                shelf.remember_many(owner, [{"topic": topic, "content": content, "source": "stated"}
-                                            for _, topic, content in conv.turns])
+                stored = shelf.remember_many(owner, [{"topic": topic, "content": content, "source": "stated"}
+                                                     for _, topic, content in conv.turns])
                 remember_seconds += time.perf_counter() - t0
+                if dump is not None:
+                    dump.owner(owner, stored, [[dia] for dia, _, _ in conv.turns])
             if args.mine:
                 for conv, owner in zip(conversations, owners):
                     mine(shelf, owner, conv, mined)
@@ -207,21 +213,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for mode in modes:
                         t0 = time.perf_counter()
                         hits = shelf.search(owner, question.text, mode=mode, limit=max(KS))
-                        search_seconds[mode] += time.perf_counter() - t0
+                        search_seconds[mode].append(time.perf_counter() - t0)
                         retrieved = [by_text.get((h.memory.topic, h.memory.content), set()) for h in hits]
                         top = [(h.memory.topic, h.memory.content) for h in hits[:5]]
                         mined_share[mode].append(sum(key in learned for key in top) / max(1, len(top)))
                         per_mode[mode].append((question.category, score(retrieved, question.evidence)))
+                    if dump is not None:
+                        dump.question(shelf, owner, question.text, question.evidence, str(question.category))
         finally:
             shelf.close()
             if embedder is not None:
                 embedder.save()
+    if dump is not None:
+        dump.save()
     results: dict[str, Any] = {}
     for mode, rows in per_mode.items():
         results[mode] = {
             "all": average([r for _, r in rows]),
             "cat1-4": average([r for c, r in rows if c in (1, 2, 3, 4)]),
-            "search_ms_mean": 1000 * search_seconds[mode] / max(1, len(rows)),
+            "search_ms_mean": 1000 * statistics.fmean(search_seconds[mode] or [0.0]),
+            "search_ms_p50": 1000 * statistics.median(search_seconds[mode] or [0.0]),
             "mined_share@5": sum(mined_share[mode]) / max(1, len(mined_share[mode])),
         }
     n_all = sum(len(c.questions) for c in conversations)
@@ -250,11 +261,11 @@ def show(report: dict[str, Any]) -> None:
     table.add_column("questions")
     for metric in METRICS:
         table.add_column(metric, justify="right")
-    table.add_column("ms/search", justify="right")
+    table.add_column("ms/search mean / p50", justify="right")
     for mode, r in report["results"].items():
         for subset in ("all", "cat1-4"):
             table.add_row(mode if subset == "all" else "", subset, *(f"{r[subset][m]:.3f}" for m in METRICS),
-                          f"{r['search_ms_mean']:.1f}" if subset == "all" else "")
+                          f"{r['search_ms_mean']:.1f} / {r['search_ms_p50']:.1f}" if subset == "all" else "")
     console = Console()
     console.print(table)
     m = report["mined"]
@@ -287,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
     add_override_flags(parser)
     add_cache_flag(parser)
+    add_dump_flag(parser)
     args = parser.parse_args(argv)
     if args.floor is None:
         from memshelf import shelf as shelf_module

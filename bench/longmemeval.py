@@ -18,8 +18,9 @@ retrieval in general, never to tune for these questions. The data is read from o
 The JSON keeps, per question and mode, the ranked sessions and every hit on an evidence session within the 50
 (rank, score, retriever, details), so a miss can be read without rerunning.
 
-Tuning knobs (--rrf-k, --semantic-weight, --candidates, --set module.NAME=value, ...) override module constants at
-run time, as in bench/locomo.py; the defaults measure the library exactly as shipped.
+Tuning knobs (--rrf-k, --semantic-k, --semantic-weight, --candidates, --set module.NAME=value, ...) override
+module constants at run time, as in bench/locomo.py; the defaults measure the library exactly as shipped. --dump
+writes each question's candidates for bench/fusion_lab.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +44,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    CachingEmbedder, add_cache_flag, add_override_flags, apply_overrides, embedded_postgres_url, shared_data)
+    CachingEmbedder, CandidateDump, add_cache_flag, add_dump_flag, add_override_flags, apply_overrides,
+    embedded_postgres_url, shared_data)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("longmemeval_s_dev.json")
@@ -126,9 +129,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
                  "--modes keyword")
     embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
+    dump = CandidateDump(args.dump) if args.dump and embedder is not None else None
     rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in modes}
     per_question: list[dict[str, Any]] = []
-    search_seconds: dict[str, float] = defaultdict(float)
+    search_seconds: dict[str, list[float]] = defaultdict(list)
     started = time.perf_counter()
     remember_seconds = 0.0
     with tempfile.TemporaryDirectory(prefix="memshelf-lme-") as tmp, ExitStack() as stack:
@@ -148,6 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                      for s, c in q.turns])
                 remember_seconds += time.perf_counter() - t0
                 session_of.update((m.id, s) for m, (s, _) in zip(stored, q.turns))
+                if dump is not None:
+                    dump.owner(owner, stored, [[s] for s, _ in q.turns])
             if embedder is not None:
                 embedder.prime([q.text for q in questions])
             for q, owner in zip(questions, owners):
@@ -156,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for mode in modes:
                     t0 = time.perf_counter()
                     hits = shelf.search(owner, q.text, mode=mode, limit=LIMIT)
-                    search_seconds[mode] += time.perf_counter() - t0
+                    search_seconds[mode].append(time.perf_counter() - t0)
                     hit_sessions = [session_of.get(h.memory.id, h.memory.topic) for h in hits]
                     ranked = sessions_in_order(hit_sessions)
                     result = score(ranked, q.evidence)
@@ -168,17 +174,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                            "content": h.memory.content[:160]}
                                           for i, (h, s) in enumerate(zip(hits, hit_sessions)) if s in q.evidence]}
                 per_question.append(record)
+                if dump is not None:
+                    dump.question(shelf, owner, q.text, q.evidence, q.question_type)
         finally:
             shelf.close()
             if embedder is not None:
                 embedder.save()
+    if dump is not None:
+        dump.save()
     types = sorted({q.question_type for q in questions}, key=lambda t: (-sum(q.question_type == t
                                                                              for q in questions), t))
     results: dict[str, Any] = {}
     for mode, scored in rows.items():
         results[mode] = {"all": average([r for _, r in scored]),
                          "by_type": {t: average([r for qt, r in scored if qt == t]) for t in types},
-                         "search_ms_mean": 1000 * search_seconds[mode] / max(1, len(scored))}
+                         "search_ms_mean": 1000 * statistics.fmean(search_seconds[mode] or [0.0]),
+                         "search_ms_p50": 1000 * statistics.median(search_seconds[mode] or [0.0])}
     return {
         "data": str(data), "questions": len(questions),
         "by_type": {t: sum(q.question_type == t for q in questions) for t in types},
@@ -202,10 +213,10 @@ def show(report: dict[str, Any]) -> None:
     table.add_column("questions")
     for metric in METRICS:
         table.add_column(metric, justify="right")
-    table.add_column("ms/search", justify="right")
+    table.add_column("ms/search mean / p50", justify="right")
     for mode, r in report["results"].items():
         table.add_row(mode, f"all ({report['questions']})", *(f"{r['all'][m]:.3f}" for m in METRICS),
-                      f"{r['search_ms_mean']:.1f}")
+                      f"{r['search_ms_mean']:.1f} / {r['search_ms_p50']:.1f}")
         for t, values in r["by_type"].items():
             table.add_row("", f"{t} ({report['by_type'][t]})", *(f"{values[m]:.3f}" for m in METRICS), "")
     console = Console(width=160)
@@ -239,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "characters of the haystack's longest other user turn, in one memory")
     add_override_flags(parser)
     add_cache_flag(parser)
+    add_dump_flag(parser)
     args = parser.parse_args(argv)
     if args.floor is None:
         from memshelf import shelf as shelf_module
