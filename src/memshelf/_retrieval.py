@@ -18,7 +18,7 @@ tenth, its fifth as their thirtieth: on conversational data most of the dense li
 first is often the one line that shares no word with the question (BENCHMARKS.md, "Fusion")."""
 AS_RELEVANT = 0.8
 """A candidate is as relevant as the best when one retriever scores it at least this share of that retriever's best
-raw score (bm25 or ts_rank for keywords, cosine for meaning). Provenance orders only among those."""
+raw score (bm25 for keywords, on both backends; cosine for meaning). Provenance orders only among those."""
 
 
 @dataclass
