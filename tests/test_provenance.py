@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_server import LiveServer, assert_error, bearer
 
-from memshelf import InvalidInput, Owner, Shelf
+from memshelf import InvalidInput, Owner, Shelf, UnknownSource
 from memshelf.server import create_app
 
 KALEB = Owner("home", "kaleb")
@@ -381,3 +381,21 @@ def _whitespace_migration(backend: str) -> str:
     from memshelf.stores import _postgres_schema, _sqlite_schema
 
     return (_sqlite_schema if backend == "sqlite" else _postgres_schema).WHITESPACE_DIGESTS
+
+
+@pytest.mark.parametrize("typed, meant", [("Stated", "stated"), (" MINED ", "mined"), ("infered", "inferred"),
+                                          ("sensr", "sensor")])
+def test_a_mistyped_source_gets_the_declared_one_it_most_likely_meant(typed, meant):
+    """The error for an unknown source names the declared source a typo most likely meant (case, spaces, a letter)."""
+    from memshelf.model import Sources
+
+    with pytest.raises(UnknownSource, match=f"unknown source {typed!r}: did you mean {meant!r}\\?"):
+        Sources({"sensor": 0.8}).confidence(typed)
+
+
+def test_an_unrelated_source_gets_no_guess():
+    from memshelf.model import Sources
+
+    with pytest.raises(UnknownSource) as caught:
+        Sources().confidence("gossip")
+    assert "did you mean" not in str(caught.value) and "Declare it first" in str(caught.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
@@ -95,11 +96,23 @@ class Sources(Mapping[str, float]):
     def confidence(self, source: object) -> float:
         if not isinstance(source, str) or source not in self._table:
             known = ", ".join(f"{k}={v}" for k, v in self._table.items())
+            guess = self._near(source)
+            hint = f"did you mean {guess!r}? " if guess else ""
             raise UnknownSource(
-                f"unknown source {source!r}; declared sources are {known}. "
+                f"unknown source {source!r}: {hint}declared sources are {known}. "
                 f"Declare it first, e.g. Shelf.open(..., sources={{{source!r}: 0.8}})"
             )
         return self._table[source]
+
+    def _near(self, source: object) -> str | None:
+        """The declared source a mistyped one most likely meant ('Stated', 'mind'), if one is close."""
+        if not isinstance(source, str):
+            return None
+        folded = {name.casefold(): name for name in self._table}
+        if source.strip().casefold() in folded:
+            return folded[source.strip().casefold()]
+        close = difflib.get_close_matches(source.casefold(), list(folded), n=1, cutoff=0.75)
+        return folded[close[0]] if close else None
 
     def __getitem__(self, key: str) -> float:
         return self._table[key]
