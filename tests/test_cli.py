@@ -345,3 +345,33 @@ def test_bad_options_are_one_line_errors_not_tracebacks(tmp_path, args, says):
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: ") and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_list_get_forget_fact_stats_and_forget_tenant(tmp_path):
+    """The verbs a user reaches for after remembering: list with ids (paged), get one, forget a fact, count, and
+    erase a whole tenant; each prints what it did and --json says the same."""
+    for n in range(3):
+        ok(tmp_path, "remember", "net", f"printer {n}")
+    listed = ok(tmp_path, "list", "--limit", "2")
+    lines = listed.stdout.splitlines()
+    assert [line.split("] ")[-1] for line in lines] == ["printer 2", "printer 1"]
+    assert "more: memshelf list --cursor " in listed.stderr
+    cursor = listed.stderr.split("--cursor ")[1].strip()
+    assert ok(tmp_path, "list", "--limit", "2", "--cursor", cursor).stdout.splitlines()[0].endswith("printer 0")
+    ident = lines[0].split()[0]
+    assert ok(tmp_path, "get", ident).stdout.strip() == lines[0]
+    assert json.loads(ok(tmp_path, "--json", "get", ident).stdout)["content"] == "printer 2"
+
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    assert "forgot the fact user_name" in ok(tmp_path, "forget-fact", "user_name").stdout
+    assert ok(tmp_path, "facts").stdout == ""
+    assert run(tmp_path, "forget-fact", "user_name").returncode == 1
+
+    block = ok(tmp_path, "context", "printer", "--limit", "1").stdout
+    assert block.count("  - ") == 1
+    counts = json.loads(ok(tmp_path, "--json", "stats").stdout)
+    assert counts["memories"] == 3 and counts["facts"] == 0
+
+    assert ok(tmp_path, "forget-tenant", "home", "--yes").stdout.startswith("erased 3 memories")
+    assert json.loads(ok(tmp_path, "--json", "stats").stdout)["memories"] == 0
+    assert ok(tmp_path, "list").stderr.strip() == "no memories"

@@ -30,8 +30,9 @@ from .embedders.base import embedder_availability, registered_providers
 from .errors import ExtractorError, InvalidInput, MemshelfError
 from .keywords import keywords
 from .learning.base import Extractor, Plan, Proposal, resolve_extractor
-from .model import MODES, FactChange, Owner
+from .model import MODES, FactChange, Memory, Owner
 from .shelf import Shelf
+from .stores.base import Erased
 
 # Help is plain text: Rich markup in help would eat the bracketed defaults and environment variables.
 app = typer.Typer(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
@@ -137,11 +138,41 @@ def remember(ctx: typer.Context, topic: str, content: str,
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
         memory = shelf.remember(s.owner(), topic, content, source, ttl=ttl)
+    _emit_json(memory) if s.as_json else _print_memory(memory)
+
+
+def _print_memory(memory: Memory) -> None:
+    """One memory on one line: id, confidence, topic, content (and how often it was said, when more than once)."""
+    seen = f" (seen {memory.observations} times)" if memory.observations > 1 else ""
+    out.print(plain(f"{memory.id}  [{memory.confidence:.1f}] [{memory.topic}] {memory.content}{seen}"))
+
+
+@app.command("list")
+def list_(ctx: typer.Context, limit: int = typer.Option(50, help="How many memories per page."),
+          cursor: str | None = typer.Option(None, help="The next page's cursor, as the last page printed it.")
+          ) -> None:
+    """List the user's live memories, newest first, with their ids."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        page, next_cursor = shelf.list_memories(s.owner(), limit=limit, cursor=cursor)
     if s.as_json:
-        _emit_json(memory)
-    else:
-        seen = f" (seen {memory.observations} times)" if memory.observations > 1 else ""
-        out.print(plain(f"{memory.id}  [{memory.confidence:.1f}] [{memory.topic}] {memory.content}{seen}"))
+        _emit_json({"memories": page, "next_cursor": next_cursor})
+        return
+    for memory in page:
+        _print_memory(memory)
+    if next_cursor:
+        err.print(plain(f"more: memshelf list --cursor {next_cursor}"))
+    elif not page:
+        err.print("no memories")
+
+
+@app.command()
+def get(ctx: typer.Context, memory_id: str) -> None:
+    """Show one memory by its id (see `memshelf list` or `memshelf search --explain`)."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        memory = shelf.get(s.owner(), memory_id)
+    _emit_json(memory) if s.as_json else _print_memory(memory)
 
 
 @app.command()
@@ -186,11 +217,12 @@ def search(ctx: typer.Context, question: str,
 
 @app.command()
 def context(ctx: typer.Context, question: str,
-            mode: str = typer.Option("auto", help=" | ".join(MODES))) -> None:
+            mode: str = typer.Option("auto", help=" | ".join(MODES)),
+            limit: int = typer.Option(3, help="The most memories the block may hold.")) -> None:
     """Print the 'Relevant knowledge' block for a question (nothing when nothing matches)."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
-        block = shelf.context(s.owner(), question, mode=mode)
+        block = shelf.context(s.owner(), question, mode=mode, limit=limit)
     if s.as_json:
         _emit_json({"context": block})
     elif block:
@@ -198,11 +230,12 @@ def context(ctx: typer.Context, question: str,
 
 
 @app.command()
-def prompt(ctx: typer.Context, base_prompt: str, user_text: str) -> None:
+def prompt(ctx: typer.Context, base_prompt: str, user_text: str,
+           limit: int = typer.Option(3, help="The most memories the prompt may hold.")) -> None:
     """Build the full prompt: base prompt, the user's facts, and relevant knowledge."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
-        text = shelf.build_prompt(base_prompt, s.owner(), user_text)
+        text = shelf.build_prompt(base_prompt, s.owner(), user_text, limit=limit)
     _emit_json({"prompt": text}) if s.as_json else print(plain(text))
 
 
@@ -250,6 +283,16 @@ def set_fact(ctx: typer.Context, key: str, value: str,
     out.print(plain(f"{fact.key}: {fact.value}"))
     if fact.note:
         err.print(Text(plain(fact.note), style="yellow"))
+
+
+@app.command("forget-fact")
+def forget_fact(ctx: typer.Context, key: str) -> None:
+    """Erase a fact with its whole history."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        erased = shelf.forget_fact(s.owner(), key)
+    _emit_json({"forgotten": key, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
+        plain(f"forgot the fact {key} and its history") + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
 @app.command()
@@ -387,8 +430,24 @@ def forget_user(ctx: typer.Context, yes: bool = typer.Option(False, "--yes", hel
     owner = s.owner()
     if not yes and not typer.confirm(f"Erase everything memshelf holds for {owner}?"):
         raise typer.Exit(1)
-    with _shelf(ctx) as shelf:
+    with _shelf(ctx, embedder=None) as shelf:
         erased = shelf.forget_user(owner)
+    _print_erased(s, erased)
+
+
+@app.command("forget-tenant")
+def forget_tenant(ctx: typer.Context, tenant: str,
+                  yes: bool = typer.Option(False, "--yes", help="Do not ask.")) -> None:
+    """Erase every user of a tenant, after revoking the tenant's API keys."""
+    s = _settings(ctx)
+    if not yes and not typer.confirm(f"Erase every user of tenant {tenant!r} and revoke its keys?"):
+        raise typer.Exit(1)
+    with _shelf(ctx, embedder=None) as shelf:
+        erased = shelf.forget_tenant(tenant)
+    _print_erased(s, erased)
+
+
+def _print_erased(s: Settings, erased: Erased) -> None:
     _emit_json(erased.as_dict()) if s.as_json else out.print(
         "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
         + (_SCRUB_PENDING if erased.scrub_pending else ""))
@@ -400,11 +459,9 @@ def forget_thread(ctx: typer.Context, thread: str,
                                                "only from this thread.")) -> None:
     """Erase a thread's messages and its learning watermark (--cascade: and what was learned only from it)."""
     s = _settings(ctx)
-    with _shelf(ctx) as shelf:
+    with _shelf(ctx, embedder=None) as shelf:
         erased = shelf.forget_thread(s.owner(), thread, cascade=cascade)
-    _emit_json(erased.as_dict()) if s.as_json else out.print(
-        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
-        + (_SCRUB_PENDING if erased.scrub_pending else ""))
+    _print_erased(s, erased)
 
 
 @app.command()
@@ -564,6 +621,19 @@ def keys_revoke(ctx: typer.Context, key_id: str) -> None:
     with _shelf(ctx, embedder=None) as shelf:
         shelf.revoke_key(key_id)
     out.print(plain(f"revoked {key_id}"))
+
+
+@app.command()
+def stats(ctx: typer.Context) -> None:
+    """Count what the database holds: owners, memories, facts, messages and more."""
+    s = _settings(ctx)
+    with _shelf(ctx) as shelf:  # the configured embedder is named, never loaded
+        counts = shelf.stats()
+    if s.as_json:
+        _emit_json(counts)
+        return
+    for name, value in counts.items():
+        out.print(plain(f"{name}: {value}"))
 
 
 @app.command()
