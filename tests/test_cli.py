@@ -375,3 +375,25 @@ def test_list_get_forget_fact_stats_and_forget_tenant(tmp_path):
     assert ok(tmp_path, "forget-tenant", "home", "--yes").stdout.startswith("erased 3 memories")
     assert json.loads(ok(tmp_path, "--json", "stats").stdout)["memories"] == 0
     assert ok(tmp_path, "list").stderr.strip() == "no memories"
+
+
+def test_memshelf_options_work_after_the_command(tmp_path):
+    """Users and MCP client configs put --json, --db, --tenant and --user after the verb; a verb's own option of the
+    same name (keys create --tenant, learn --json) keeps its meaning, and nothing after `--` is taken."""
+    elsewhere = tmp_path / "other.db"
+    env = {"MEMSHELF_TENANT": "", "MEMSHELF_USER": ""}
+    ok(tmp_path, "remember", "net", "The printer jams.", "--db", str(elsewhere), "--tenant", "home", "--user", "kaleb",
+       env=env)
+    found = ok(tmp_path, "search", "printer", "--json", f"--db={elsewhere}", "--tenant", "home", "--user", "kaleb",
+               env=env)
+    assert [h["memory"]["content"] for h in json.loads(found.stdout)["hits"]] == ["The printer jams."]
+    assert ok(tmp_path, "search", "printer").stdout == ""  # the default database was never written
+
+    key = json.loads(ok(tmp_path, "keys", "create", "--tenant", "acme", "--json").stdout)["key"]
+    assert key["tenant"] == "acme"
+
+    stored = ok(tmp_path, "remember", "notes", "--", "--json")
+    assert stored.stdout.rstrip().endswith("[notes] --json")
+
+    missing = run(tmp_path, "search", "printer", "--db")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: --db needs a value")

@@ -763,10 +763,53 @@ def _demo_learn(shelf: Shelf, turns: tuple[str, ...]) -> tuple[Proposal, ...]:
     return plan.applied
 
 
+_GLOBAL_OPTIONS = {"--db": True, "--tenant": True, "--user": True, "--embedder": True, "--json": False}
+"""The options of `memshelf` itself, and whether each takes a value."""
+
+
+def hoisted(argv: list[str]) -> list[str]:
+    """The arguments with memshelf's own options moved before the command when typed after it, as users type them
+    (`memshelf search printer --json`, `memshelf mcp --tenant home --user kaleb`). An option the command defines
+    itself (`keys create --tenant`, `learn --json`) stays where it is, as does everything after `--`."""
+    root = typer.main.get_command(app)
+    command: Any = root
+    position = 0
+    while position < len(argv):  # walk to the command: skip memshelf's own options (with their values)
+        word = argv[position]
+        name = word.split("=", 1)[0]
+        if name in _GLOBAL_OPTIONS and command is root:
+            position += 1 + (_GLOBAL_OPTIONS[name] and "=" not in word)
+            continue
+        if word.startswith("-") or not hasattr(command, "commands") or word not in command.commands:
+            break
+        command = command.commands[word]
+        position += 1
+    if command is root:
+        return argv
+    own = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    head, tail, moved = argv[:position], [], []
+    rest = iter(argv[position:])
+    for word in rest:
+        if word == "--":
+            tail += [word, *rest]
+            break
+        name = word.split("=", 1)[0]
+        if name in _GLOBAL_OPTIONS and name not in own:
+            moved.append(word)
+            if _GLOBAL_OPTIONS[name] and "=" not in word:
+                value = next(rest, None)
+                if value is None:
+                    raise MemshelfError(f"{name} needs a value: {name} VALUE (see memshelf --help)")
+                moved.append(value)
+        else:
+            tail.append(word)
+    return moved + head + tail if moved else argv
+
+
 def main() -> None:
     """Entry point: run the app, turning memshelf's errors into one line and exit status 1."""
     try:
-        app()
+        app(args=hoisted(sys.argv[1:]), prog_name="memshelf")
     except MemshelfError as exc:
         err.print(Text.assemble(("error:", "red"), " ", plain(exc)))  # one line, however long (soft_wrap)
         sys.exit(1)
