@@ -260,7 +260,8 @@ def test_objects_pass_through_and_missing_modules_say_how_to_install(clean_regis
     assert resolve_extractor(echo) is echo
     register_extractor("heavy", ExtractorProvider(Echo, requires=("no_such_module_here",),
                                                   install="pip install memshelf-heavy"))
-    with pytest.raises(ExtractorError, match="needs no_such_module_here: pip install memshelf-heavy"):
+    with pytest.raises(ExtractorError,
+                       match="needs no_such_module_here, which is not installed: pip install memshelf-heavy"):
         resolve_extractor("heavy")
     with pytest.raises(ExtractorError, match="a name like 'rules'"):
         resolve_extractor(42)
