@@ -440,3 +440,8 @@ def shelf_target(args: argparse.Namespace, folder: str, stack: ExitStack, filena
     if args.db:
         return str(args.db)
     return stack.enter_context(embedded_postgres_url()) if args.postgres else str(Path(folder) / filename)
+
+
+def average(rows: Sequence[Mapping[str, float]], metrics: Sequence[str]) -> dict[str, float]:
+    """The mean of each metric over the questions' score rows (NaN when there are none)."""
+    return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in metrics}

@@ -50,7 +50,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    add_retrieval_flags, retrieval_setup, run_and_report, shared_data, shelf_target)
+    add_retrieval_flags, average, retrieval_setup, run_and_report, shared_data, shelf_target)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("locomo10.json")
@@ -151,10 +151,6 @@ def score(retrieved: Sequence[set[str]], evidence: frozenset[str]) -> dict[str, 
     return out
 
 
-def average(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in METRICS}
-
-
 # ---------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from memshelf import Owner, Shelf
@@ -219,8 +215,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for mode, rows in per_mode.items():
         results[mode] = {
-            "all": average([r for _, r in rows]),
-            "cat1-4": average([r for c, r in rows if c in (1, 2, 3, 4)]),
+            "all": average([r for _, r in rows], METRICS),
+            "cat1-4": average([r for c, r in rows if c in (1, 2, 3, 4)], METRICS),
             "search_ms_mean": 1000 * statistics.fmean(search_seconds[mode] or [0.0]),
             "search_ms_p50": 1000 * statistics.median(search_seconds[mode] or [0.0]),
             "mined_share@5": sum(mined_share[mode]) / max(1, len(mined_share[mode])),

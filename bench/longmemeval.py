@@ -44,7 +44,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    add_retrieval_flags, retrieval_setup, run_and_report, shared_data, shelf_target)
+    add_retrieval_flags, average, retrieval_setup, run_and_report, shared_data, shelf_target)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = shared_data("longmemeval_s_dev.json")
@@ -102,10 +102,6 @@ def score(ranked: Sequence[str], evidence: frozenset[str]) -> dict[str, float]:
         out[f"any@{k}"] = float(bool(found))
         out[f"all@{k}"] = float(found == evidence)
     return out
-
-
-def average(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in METRICS}
 
 
 # ---------------------------------------------------------------------------------------------------- run
@@ -176,8 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                                              for q in questions), t))
     results: dict[str, Any] = {}
     for mode, scored in rows.items():
-        results[mode] = {"all": average([r for _, r in scored]),
-                         "by_type": {t: average([r for qt, r in scored if qt == t]) for t in types},
+        results[mode] = {"all": average([r for _, r in scored], METRICS),
+                         "by_type": {t: average([r for qt, r in scored if qt == t], METRICS) for t in types},
                          "search_ms_mean": 1000 * statistics.fmean(search_seconds[mode] or [0.0]),
                          "search_ms_p50": 1000 * statistics.median(search_seconds[mode] or [0.0])}
     return {
