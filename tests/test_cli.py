@@ -133,7 +133,7 @@ def test_missing_owner_says_what_to_do(tmp_path):
 def test_every_command_has_help(tmp_path):
     names = ["remember", "search", "context", "prompt", "facts", "set-fact", "forget", "forget-user", "purge",
              "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages", "learn",
-             "forget-thread"]
+             "forget-thread", "list", "get", "forget-fact", "forget-tenant", "stats"]
     for name in names:
         proc = ok(tmp_path, name, "--help")
         assert "Usage" in proc.stdout and len(proc.stdout) > 100, name
@@ -332,6 +332,24 @@ def test_help_shows_defaults_and_environment_variables(tmp_path):
     assert "MEMSHELF_DATABASE_URL" in " ".join(shown.split()) and "default ./memshelf.db" in " ".join(shown.split())
     assert "<bool>" not in shown
     assert "[default: stated]" in " ".join(ok(tmp_path, "remember", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("args, usage", [
+    (("remember",), "Usage: memshelf remember [OPTIONS] TOPIC CONTENT"),
+    (("messages",), "Usage: memshelf messages [OPTIONS] [THREAD]"),
+    (("keys", "revoke"), "Usage: memshelf keys revoke [OPTIONS] KEY_ID"),
+])
+def test_usage_lines_name_arguments_in_capitals(tmp_path, args, usage):
+    """Arguments read as POSIX usage writes them, not as typer's `{topic}`, which looks like braces to type."""
+    assert ok(tmp_path, *args, "--help").stdout.splitlines()[0] == usage
+
+
+def test_log_names_the_roles_when_given_another(tmp_path):
+    proc = run(tmp_path, "log", "kitchen", "human", "I live in Porto.")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "role 'human' is not one of user, assistant, system, developer, tool" in proc.stderr
+    ok(tmp_path, "log", "kitchen", "User", "I live in Porto.")
+    assert "[kitchen] user: I live in Porto." in ok(tmp_path, "messages").stdout
 
 
 @pytest.mark.parametrize("args, says", [

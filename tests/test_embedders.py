@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -150,6 +151,39 @@ def test_a_duck_typed_embedder_is_used_as_is() -> None:
 
     duck = Duck()
     assert resolve_embedder(duck) is duck
+
+
+class ListEmbedder:
+    """An embedder as other libraries write them: embed_batch returns plain lists (or a list of arrays)."""
+
+    def __init__(self, shape: Callable[[list[float]], object] = list, drop: int = 0) -> None:
+        self.model, self.shape, self.drop = "lists:1", shape, drop
+
+    def embed_batch(self, texts: list[str]) -> object:
+        return [self.shape(hash_vector(text)) for text in texts][self.drop:]
+
+
+@pytest.mark.parametrize("shape", [list, tuple, np.array], ids=["lists", "tuples", "arrays"])
+def test_an_embedder_returning_any_sequence_of_vectors_works(tmp_path: Path, shape: Callable[[list[float]], object]
+                                                              ) -> None:
+    with Shelf.open(tmp_path / "m.db", embedder=ListEmbedder(shape)) as shelf:
+        owner = Owner("home", "kaleb")
+        printer = shelf.remember(owner, "office", "The office printer is on 192.168.1.40.")
+        shelf.remember(owner, "garden", "Tomatoes need water every morning.")
+        assert shelf.get(owner, printer.id).embed_model == "lists:1"
+        assert [hit.memory.id for hit in shelf.search(owner, "printer", mode="semantic", limit=1)] == [printer.id]
+
+
+@pytest.mark.parametrize(("embedder", "advice"), [
+    (ListEmbedder(drop=1), "returned 0 vectors for 1 texts: return exactly one vector per text"),
+    (ListEmbedder(shape=lambda vector: {"embedding": vector}), "return a numpy array of shape (len(texts), dim"),
+    (ListEmbedder(shape=lambda vector: [vector, vector]), "returned list, not one vector per text"),
+], ids=["too-few", "dicts", "matrices"])
+def test_an_embedder_returning_something_else_says_what_to_return(tmp_path: Path, embedder: ListEmbedder,
+                                                                   advice: str) -> None:
+    with Shelf.open(tmp_path / "m.db", embedder=embedder) as shelf:
+        with pytest.raises(EmbedderError, match=re.escape(advice)):
+            shelf.search(Owner("home", "kaleb"), "printer", mode="semantic")
 
 
 def test_unknown_provider_names_the_registered_ones() -> None:

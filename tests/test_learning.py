@@ -258,6 +258,17 @@ def test_turns_passed_directly_touch_no_watermark(shelf):
     assert [(e.message_id, e.thread) for e in shelf.evidence(KALEB, key="home_city")] == [("x1", None)]
 
 
+def test_a_turn_with_a_role_no_chat_api_has_is_refused_before_anything_is_learned(shelf):
+    turns = [{"role": "User", "content": "I live in Porto."}, {"role": "human", "content": "I live in Lisbon."}]
+    with pytest.raises(MemshelfError, match="role 'human' is not one of user, assistant, system, developer, tool"):
+        shelf.learn(KALEB, turns)
+    assert shelf.facts(KALEB) == []
+    shelf.log_message(KALEB, "t1", "USER", "I live in Porto.")  # a logged role is kept in its canonical spelling
+    assert [m.role for m in shelf.messages(KALEB, "t1")] == ["user"]
+    shelf.learn(KALEB, thread="t1")
+    assert fact(shelf, "home_city") == "Porto"
+
+
 def test_turns_passed_without_ids_are_cited_by_position_and_their_dates_resolve(shelf):
     """The issue's own call: turns with a time but no id. Each proposal cites its turn by position ("turn-2"), so
     a relative date resolves against when that turn was said; no evidence row is written, as no message has it."""

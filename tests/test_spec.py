@@ -87,6 +87,17 @@ def test_build_prompt_keeps_facts_when_nothing_matches(shelf, clock):
     )
 
 
+def test_build_prompt_without_a_base_prompt_starts_with_the_memory_block(shelf, clock):
+    shelf.set_fact(KALEB, "user_name", "Kaleb")
+    printer_story(shelf, clock, with_guess=False)
+    for base in ("", "  \n"):
+        prompt = shelf.build_prompt(base, KALEB, QUESTION)
+        assert prompt.startswith("Memory context:\nKnown facts about the user:\n  - user_name: Kaleb\n\nRelevant")
+    assert shelf.build_prompt("", KALEB, "How was your day?") == (
+        "Memory context:\nKnown facts about the user:\n  - user_name: Kaleb")
+    assert shelf.build_prompt("", Owner("home", "nobody"), QUESTION) == ""
+
+
 def test_owner_filter_denial_evidence(shelf):
     """Spec 001: positive evidence for the owner, denial evidence for another tenant."""
     maya = Owner("acme", "maya")

@@ -21,6 +21,7 @@ from typing import Any
 from collections.abc import Iterator
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -34,11 +35,30 @@ from .model import MODES, FactChange, Memory, Owner
 from .shelf import Shelf
 from .stores.base import Erased
 
+class _UsageInCapitals(TyperCommand):
+    """A command whose usage line names arguments as POSIX usage does (`remember [OPTIONS] TOPIC CONTENT`,
+    `messages [THREAD]`), not as typer's `{topic}`, which reads like a placeholder to fill with braces."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:  # typer's own click Context
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = (param.metavar or param.name or "").upper() + ("..." if param.nargs != 1 else "")
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+
+class _App(typer.Typer):
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", _UsageInCapitals)
+        return super().command(*args, **kwargs)
+
+
 # Help is plain text: Rich markup in help would eat the bracketed defaults and environment variables.
-app = typer.Typer(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
-keys_app = typer.Typer(help="API keys for `memshelf serve` (bound to a tenant; only hashes are stored).",
-                       no_args_is_help=True, rich_markup_mode=None)
+app = _App(help="Durable, owned, searchable memory for AI assistants.", no_args_is_help=True,
+           pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
+keys_app = _App(help="API keys for `memshelf serve` (bound to a tenant; only hashes are stored).",
+                no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(keys_app, name="keys")
 
 out = Console(markup=False, highlight=False, emoji=False, soft_wrap=True)

@@ -55,7 +55,7 @@ def assemble(base_prompt: str, facts: Sequence[Fact], hits: Sequence[Hit],
     Facts come first in the budget (they travel with every call); knowledge gets what is left. Facts whose source
     is not in `confirmed` (the sources worth as much as `stated`) are marked unconfirmed.
     """
-    parts = [base_prompt]
+    parts = [base_prompt] if base_prompt.strip() else []  # no base prompt: the block starts the text
     memory = facts_block(facts, budget - len(MEMORY_HEADER) - 3, confirmed)
     spent = 0
     if memory:

@@ -260,6 +260,22 @@ def check_topic(topic: object) -> str:
     return check_text("topic", topic, MAX_TOPIC_CHARS)
 
 
+ROLES = ("user", "assistant", "system", "developer", "tool")
+"""Who said a conversation turn, in the chat APIs' words. Only "user" turns say anything about the user (learning
+reads the rest as context); the others are kept so a thread reads back as it was held."""
+
+
+def check_role(role: object) -> str:
+    """The role in its canonical spelling ('User ' is 'user'); any other word is refused, naming the roles."""
+    if not isinstance(role, str):
+        raise InvalidInput(f"role must be a string, one of {', '.join(ROLES)}; got {type(role).__name__}")
+    canonical = role.strip().lower()
+    if canonical not in ROLES:
+        raise InvalidInput(f"role {role!r} is not one of {', '.join(ROLES)}: the person's turns are 'user', the "
+                           "model's 'assistant', instructions 'system' or 'developer', tool output 'tool'")
+    return canonical
+
+
 def check_when(kind: str, value: object) -> datetime:
     if not isinstance(value, datetime):
         raise InvalidInput(f"{kind} must be a datetime, got {type(value).__name__}")

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import context as ctx
 from . import exports
-from .embedders.base import (Embedder, default_embedder_spec, embedding_deadline, known_dimensions, pieces_of,
+from .embedders.base import (Embedder, default_embedder_spec, embedded, embedding_deadline, known_dimensions, pieces_of,
                               resolve_embedder, search_timeout, write_timeout)
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from ._ids import is_id, new_id
@@ -26,8 +26,8 @@ from .keywords import keywords
 from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
-                    Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_text, check_topic,
-                    check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
+                    Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_role, check_text,
+                    check_topic, check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
 from ._retrieval import Candidate, fuse, order
 from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
 from .stores.tables import exported_kinds
@@ -310,7 +310,7 @@ class Shelf:
         the memory's own vector, the others its later pieces'. A text that fits the model's window has one row."""
         assert self.embedder is not None
         split = pieces_of(self.embedder, texts)
-        flat = self.embedder.embed_batch([piece for pieces in split for piece in pieces])
+        flat = embedded(self.embedder, [piece for pieces in split for piece in pieces])
         return np.split(flat, np.cumsum([len(pieces) for pieces in split])[:-1])
 
     def _check_dimensions(self, owner: Owner, given: Sequence[NewMemory], fresh: int | None) -> None:
@@ -398,7 +398,7 @@ class Shelf:
             return self._keyword(owner, terms, limit, now, view)
         try:
             with embedding_deadline(search_timeout()):
-                query = self.embedder.embed_batch([question])[0]  # type: ignore[union-attr]
+                query = embedded(self.embedder, [question])[0]  # type: ignore[arg-type]
         except EmbedderUnavailable as exc:
             log.warning("embedder unavailable, searching by keywords only: %s", exc)
             result = self._keyword(owner, terms, limit, now, view)
@@ -498,7 +498,7 @@ class Shelf:
         they are never returned as knowledge."""
         owner = _check_owner(owner)
         thread = check_text("thread", thread, MAX_TOPIC_CHARS)
-        role = check_text("role", role, 64)
+        role = check_role(role)
         content = check_text("content", content)
         now = self.now()
         ttl = self.message_ttl if ttl is _DEFAULT else ttl

@@ -6,7 +6,7 @@ import math
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -46,12 +46,12 @@ class Embedder(ABC):
         """Vector length. Providers that know it up front override this; the rest learn it from one call."""
         cached = self._dimensions
         if cached is None:
-            cached = int(self.embed_batch(["dimensions"]).shape[1])
+            cached = int(embedded(self, ["dimensions"]).shape[1])
             self._dimensions = cached
         return cached
 
     def embed(self, text: str) -> np.ndarray:
-        return self.embed_batch([text])[0]
+        return embedded(self, [text])[0]
 
     def pieces(self, texts: Sequence[str]) -> list[list[str]]:
         """Each text as overlapping pieces the model reads whole, in order; [text] when it fits the window. The
@@ -61,6 +61,22 @@ class Embedder(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.model}>"
+
+
+def embedded(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """The embedder's vectors for `texts` as a float32 matrix, one row per text. Other libraries' embedders return
+    lists of lists of floats, or a list of arrays; any sequence of equal-length vectors is accepted, and anything
+    else is refused with what to return instead."""
+    rows = embedder.embed_batch(texts)
+    who = f"{type(embedder).__name__}.embed_batch"
+    if isinstance(rows, Sized) and len(rows) != len(texts):
+        raise EmbedderError(f"{who} returned {len(rows)} vectors for {len(texts)} texts: return exactly one vector "
+                            "per text, in order")
+    try:
+        return as_matrix(rows, getattr(embedder, "model", who))
+    except EmbedderError as exc:
+        raise EmbedderError(f"{who} returned {type(rows).__name__}, not one vector per text: return a numpy array of "
+                            "shape (len(texts), dimensions) or a list of equal-length lists of floats") from exc
 
 
 def pieces_of(embedder: Embedder, texts: Sequence[str]) -> list[list[str]]:

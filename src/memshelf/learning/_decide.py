@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ExtractorError, InvalidInput, MemshelfError
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
-                     Owner, check_text, check_topic)
+                     Owner, check_role, check_text, check_topic)
 from ..stores.base import Evidence, Mark
 from .base import Extractor, Known, Plan, Proposal, Turn, resolve_extractor
 from .dates import resolve_dates
@@ -49,6 +49,8 @@ def turns_given(messages: object) -> tuple[list[Turn], frozenset[str]]:
         turns = [Turn.of(item) for item in messages]  # type: ignore[arg-type]
     except (ExtractorError, AttributeError) as exc:
         raise InvalidInput(f"each message must be a mapping with role and content: {exc}") from None
+    for turn in turns:
+        check_role(turn.role)
     taken = {turn.id for turn in turns}
     local: dict[int, str] = {}
     for index, turn in enumerate(turns):
