@@ -415,3 +415,34 @@ def test_memshelf_options_work_after_the_command(tmp_path):
 
     missing = run(tmp_path, "search", "printer", "--db")
     assert missing.returncode == 1 and missing.stderr.startswith("error: --db needs a value")
+
+
+WHAT_LOADED = """
+import sys
+from memshelf.cli import main
+sys.argv = ["memshelf", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as end:
+    code = end.code
+print("loaded:", sorted(name for name in ("torch", "sentence_transformers", "transformers") if name in sys.modules),
+      "exit:", code)
+"""
+
+
+@pytest.mark.parametrize("args", [
+    ("facts",), ("list",), ("get", "m_0123456789abcdef"), ("forget", "m_0123456789abcdef"), ("forget-fact", "k"),
+    ("export",), ("stats",), ("keys", "list"), ("messages",), ("forget-user", "--yes"), ("purge",),
+], ids=lambda args: " ".join(args))
+def test_commands_that_need_no_embedding_never_load_the_model(tmp_path, args):
+    """With the default (local) embedder configured, reading, listing, exporting and erasing take well under a
+    second and no model: only remember, search, context, prompt, backfill and import embed."""
+    pytest.importorskip("sentence_transformers")
+    ok(tmp_path, "remember", "net", "The printer is on 10.0.0.1.")  # stored without a vector (embedder none)
+    ok(tmp_path, "set-fact", "k", "v")
+    environment = {**os.environ, "MEMSHELF_DB": str(tmp_path / "memory.db"), "MEMSHELF_TENANT": "home",
+                   "MEMSHELF_USER": "kaleb", "NO_COLOR": "1"}
+    environment.pop("MEMSHELF_EMBEDDER", None)
+    proc = subprocess.run([sys.executable, "-c", WHAT_LOADED, *args], capture_output=True, text=True,
+                          env=environment, timeout=120)
+    assert proc.stdout.splitlines()[-1].startswith("loaded: [] exit:"), (proc.stdout, proc.stderr)
