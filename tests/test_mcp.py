@@ -19,6 +19,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent
 from test_server import LiveServer, bearer
 
@@ -288,35 +289,73 @@ def test_http_owners_are_isolated_and_match_the_rest_api(http: tuple[str, dict[s
                      headers=bearer(secrets["globex"])).status_code == 404
 
 
-@pytest.mark.parametrize("headers, status", [
-    ({}, 401), ({"Authorization": "Bearer ms_wrong", "X-Memshelf-User": "u"}, 401),
-    ({"X-Memshelf-User": "u"}, 401), ("admin", 403), ("no-user", 422),
+async def sdk_refusal(url: str, headers: dict[str, str]) -> str:
+    """What the SDK's client raises when /mcp refuses to start a session."""
+    try:
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as client, \
+                streamable_http_client(url + "/mcp", http_client=client) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+    except BaseException as exc:  # the SDK's task group wraps it in exception groups
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        assert isinstance(exc, MCPError), repr(exc)
+        return str(exc)
+    raise AssertionError("the session started")
+
+
+@pytest.mark.parametrize("headers, status, says", [
+    ({}, 401, "missing API key: create one with `memshelf keys create --tenant NAME` and send it as "
+              "`Authorization: Bearer <key>`"),
+    ({"Authorization": "Bearer ms_wrong", "X-Memshelf-User": "u"}, 401, "wrong or revoked API key"),
+    ({"X-Memshelf-User": "u"}, 401, "missing API key"),
+    ("admin", 403, "admin keys cannot use the memory tools: use a key bound to a tenant"),
+    ("no-user", 422, "no user: send the X-Memshelf-User header (or ?user=)"),
+    ("control-user", 422, "user contains control characters"),
 ])
-def test_http_mcp_denials(http: tuple[str, dict[str, str]], headers: Any, status: int) -> None:
+def test_http_mcp_denials_reach_the_sdk_client_with_what_to_do(http: tuple[str, dict[str, str]], headers: Any,
+                                                                status: int, says: str) -> None:
     url, secrets = http
-    if headers == "admin":
-        headers = {**bearer(secrets["admin"]), "X-Memshelf-User": "u"}
-    elif headers == "no-user":
-        headers = bearer(secrets["acme"])
+    if isinstance(headers, str):
+        headers = {"admin": {**bearer(secrets["admin"]), "X-Memshelf-User": "u"}, "no-user": bearer(secrets["acme"]),
+                   "control-user": {**bearer(secrets["acme"]), "X-Memshelf-User": "u\x01"}}[headers]
+    assert says in anyio.run(sdk_refusal, url, headers)
+
     ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     response = httpx.post(url + "/mcp", json=ping, headers={**headers, "Accept": "application/json, text/event-stream"})
     assert response.status_code == status
-    assert set(response.json()["error"]) == {"type", "message"}
+    body = response.json()  # a JSON-RPC error, in the HTTP API's one error shape
+    assert (body["jsonrpc"], body["id"], set(body["error"])) == ("2.0", None, {"code", "type", "message"})
+    assert says in body["error"]["message"]
+    assert (response.headers.get("WWW-Authenticate", "").startswith("Bearer ")) == (status == 401)
 
 
-def test_http_user_may_come_from_the_query(http: tuple[str, dict[str, str]]) -> None:
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+def test_http_mcp_answers_only_post_and_says_so(http: tuple[str, dict[str, str]], method: str) -> None:
+    """Stateless: a GET used to open an event stream that never ended."""
     url, secrets = http
+    headers = {**bearer(secrets["acme"]), "X-Memshelf-User": "u", "Accept": "text/event-stream"}
+    response = httpx.request(method, url + "/mcp", headers=headers, timeout=5)
+    assert (response.status_code, response.headers["Allow"]) == (405, "POST")
+    assert "answers POST only" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("header, stored_for", [(None, "erin"), ("frank", "frank")])
+def test_http_user_may_come_from_the_query_and_the_header_wins(http: tuple[str, dict[str, str]],
+                                                               header: str | None, stored_for: str) -> None:
+    url, secrets = http
+    headers = bearer(secrets["acme"]) | ({} if header is None else {"X-Memshelf-User": header})
 
     async def main() -> None:
-        async with httpx2.AsyncClient(headers=bearer(secrets["acme"]), timeout=30) as client, \
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as client, \
                 streamable_http_client(url + "/mcp?user=erin", http_client=client) as (read, write), \
                 ClientSession(read, write) as session:
             await session.initialize()
-            await call(session, "remember", topic="desk", content="Erin sits by the window.")
+            await call(session, "remember", topic="desk", content=f"{stored_for} sits by the window.")
 
     anyio.run(main)
-    listed = httpx.get(f"{url}/v1/users/erin/memories", headers=bearer(secrets["acme"])).json()["items"]
-    assert [m["content"] for m in listed] == ["Erin sits by the window."]
+    listed = httpx.get(f"{url}/v1/users/{stored_for}/memories", headers=bearer(secrets["acme"])).json()["items"]
+    assert [m["content"] for m in listed] == [f"{stored_for} sits by the window."]
 
 
 # ---------------------------------------------------------------------------------------------- schemathesis

@@ -94,10 +94,12 @@ def anonymous(deployment: Deployment) -> Iterator[httpx.Client]:
 
 
 def assert_error(response: httpx.Response, status: int, kind: str | None = None) -> dict[str, str]:
-    """The one error shape, a message that says what to do, and nothing of the server's insides."""
+    """The one error shape (at /mcp also a JSON-RPC error), a message that says what to do, and nothing of the
+    server's insides."""
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "message"}, body
+    rpc = {"jsonrpc", "id", "code"} if response.request.url.path.startswith("/mcp") else set()
+    assert set(body) | set(body["error"]) == {"error", "type", "message"} | rpc, body
     assert body["error"]["message"].strip()
     if kind is not None:
         assert body["error"]["type"] == kind, body
@@ -420,7 +422,9 @@ def test_an_extractor_whose_service_is_down_is_503_with_retry_after(acme: httpx.
 ])
 def test_missing_or_wrong_key_is_401(anonymous: httpx.Client, headers: dict[str, str], method: str,
                                      path: str) -> None:
-    assert_error(anonymous.request(method, path, headers=headers, json={"question": "x"}), 401, "unauthorized")
+    response = anonymous.request(method, path, headers=headers, json={"question": "x"})
+    assert_error(response, 401, "unauthorized")
+    assert response.headers["WWW-Authenticate"].startswith('Bearer realm="memshelf"')
 
 
 def test_x_api_key_header_works_too(deployment: Deployment) -> None:

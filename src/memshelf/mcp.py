@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .errors import MemshelfError
 from .learning.base import Plan, Proposal
 from .model import MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Owner
-from .server._errors import error_response
+from .server._errors import KEY_HINT, error_response
 from .shelf import Shelf
 
 MAX_RECALL = 20
@@ -39,7 +39,7 @@ MAX_FACTS = 100
 MAX_LEARN_TURNS = 200
 MAX_SHOWN_CHARS = 2_000
 """Longest content a listing shows; longer ones end with an ellipsis and `truncated: true`."""
-USER_HEADER = "x-memshelf-user"
+USER_HEADER = "X-Memshelf-User"
 OWNER_STATE = "memshelf_owner"
 
 T = TypeVar("T")
@@ -329,25 +329,29 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.transport_or_refusal(scope)(scope, receive, send)
+
+    def transport_or_refusal(self, scope: Scope) -> ASGIApp:
+        """The SDK's transport with the owner in the request state, or the error answer (a JSON-RPC error, which
+        MCP clients report) that says what to send instead."""
+        if scope["method"] != "POST":  # stateless: no event stream to GET, no session to DELETE
+            return error_response(405, "method_not_allowed", "this MCP endpoint is stateless and answers POST only: "
+                                  "send each JSON-RPC message as a POST (there is no event stream to GET and no "
+                                  "session to DELETE)", {"Allow": "POST"}, rpc=True)
         key = scope.get("state", {}).get("memshelf_key")
-        if key is None or key.tenant is None:
-            message = ("admin keys cannot use memory tools: use a key bound to a tenant" if key is not None
-                       else "missing API key: send Authorization: Bearer <key>")
-            await error_response(403 if key is not None else 401, "forbidden" if key is not None else
-                                 "unauthorized", message)(scope, receive, send)
-            return
+        if key is None or key.tenant is None:  # ApiKeyAuth refused requests without a key: this one is an admin's
+            return error_response(403, "forbidden", ("admin keys cannot use the memory tools: use a key bound "
+                                                      f"to a tenant; {KEY_HINT}"), rpc=True)
+        # The header wins over ?user= (README): a client config's fixed header is not overridden by a URL.
         user = Headers(scope=scope).get(USER_HEADER) or QueryParams(scope.get("query_string", b"")).get("user")
         try:
             if not user:
                 raise MemshelfError(f"no user: send the {USER_HEADER} header (or ?user=) naming whose memory "
                                     "the tools act on")
-            owner = Owner(key.tenant, user)
+            scope["state"][OWNER_STATE] = Owner(key.tenant, user)
         except MemshelfError as exc:
-            await error_response(422, "invalid_input", str(exc))(scope, receive, send)
-            return
-        scope["state"][OWNER_STATE] = owner
-        await self.transport(scope, receive, send)
-
+            return error_response(422, "invalid_input", str(exc), rpc=True)
+        return self.transport
 
 if __name__ == "__main__":
     main(sys.argv[1:])

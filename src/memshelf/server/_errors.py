@@ -2,6 +2,10 @@
 
     {"error": {"type": "invalid_input", "message": "what is wrong, and what to do"}}
 
+At /mcp the same body is also a JSON-RPC error (`"jsonrpc": "2.0", "id": null` and a `code` beside `type` and
+`message`): MCP clients report the message of a JSON-RPC error body, and only "Server returned an error response"
+for any other.
+
 A leaf: it imports nothing of memshelf but its exceptions, so the MCP endpoint answers in the same shape without
 importing the rest of the server.
 """
@@ -22,14 +26,19 @@ from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUna
                       ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
                       UnknownSource)
 
-__all__ = ["ERROR_RESPONSES", "KEY_HINT", "ApiError", "ErrorBody", "ErrorOut", "error_response", "http_error_response",
-           "install_error_handlers", "internal_error_response", "memshelf_error_response",
+__all__ = ["ERROR_RESPONSES", "KEY_HINT", "UNAUTHORIZED", "ApiError", "ErrorBody", "ErrorOut", "error_response",
+           "http_error_response", "install_error_handlers", "internal_error_response", "memshelf_error_response",
            "validation_error_response"]
 
 log = logging.getLogger("memshelf.server")
 
 KEY_HINT = "create one with `memshelf keys create --tenant NAME` and send it as `Authorization: Bearer <key>`"
 """What a request without a usable API key should do next."""
+UNAUTHORIZED = 'Bearer realm="memshelf"'
+"""The WWW-Authenticate challenge of a 401 (RFC 6750): the key goes in `Authorization: Bearer <key>`."""
+_RPC_AUTH_ERROR, _RPC_INVALID_REQUEST, _RPC_INTERNAL_ERROR = -32001, -32600, -32603
+"""JSON-RPC codes at /mcp: a refused key (JSON-RPC leaves -32000..-32099 to servers), a request refused otherwise,
+the server's own failure."""
 
 _STATUS_OF: tuple[tuple[type[MemshelfError], int, str], ...] = (
     (UnknownSource, 422, "unknown_source"),
@@ -73,15 +82,23 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 """The error answers every route may give, as OpenAPI documents them."""
 
 
-def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
+def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None, *,
+                   rpc: bool = False) -> JSONResponse:
+    """The one error body; with rpc (answers at /mcp) also a JSON-RPC error an MCP client reports."""
+    error = {"type": kind, "message": message}
+    if not rpc:
+        return JSONResponse({"error": error}, status_code=status, headers=headers)
+    code = (_RPC_AUTH_ERROR if status in (401, 403) else _RPC_INTERNAL_ERROR if status >= 500
+            else _RPC_INVALID_REQUEST)
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, **error}}, status_code=status,
+                        headers=headers)
 
 
-def memshelf_error_response(exc: MemshelfError) -> JSONResponse:
+def memshelf_error_response(exc: MemshelfError, *, rpc: bool = False) -> JSONResponse:
     status, kind = next((s, k) for cls, s, k in _STATUS_OF if isinstance(exc, cls))
     if status >= 500:
         log.warning("%s: %s", type(exc).__name__, exc)
-    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None)
+    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None, rpc=rpc)
 
 
 def _validation_message(errors: Sequence[dict[str, Any]]) -> str:
