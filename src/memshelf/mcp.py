@@ -29,7 +29,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
 from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -37,7 +36,7 @@ from .errors import MemshelfError
 from .learning.base import Plan, Proposal
 from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Memory,
                     Message, Owner)
-from .server._errors import KEY_HINT, error_response
+from .server._errors import KEY_HINT, error_response, problem
 from .shelf import Shelf
 
 MAX_RECALL = 20
@@ -258,21 +257,12 @@ class StrictTool(Tool):
         try:
             self.fn_metadata.validate_arguments(arguments)
         except ValidationError as exc:
-            return unknown + [_problem(error) for error in exc.errors()]
+            return unknown + [problem(".".join(str(part) for part in error["loc"]), error) for error in exc.errors()]
         return unknown
 
     def takes(self) -> str:
         required = set(self.parameters.get("required", ()))
         return ", ".join(f"{name} (required)" if name in required else name for name in self.parameters["properties"])
-
-
-def _problem(error: ErrorDetails) -> str:
-    where = ".".join(str(part) for part in error["loc"])
-    if error["type"] == "missing":
-        return f"{where} is missing"
-    if error["type"] == "extra_forbidden":
-        return f"unknown field {where!r}"
-    return f"{where}: {error['msg'][:1].lower()}{error['msg'][1:]}"
 
 
 def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError,
                       ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
@@ -28,7 +29,7 @@ from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUna
 
 __all__ = ["ERROR_RESPONSES", "KEY_HINT", "UNAUTHORIZED", "ApiError", "ErrorBody", "ErrorOut", "error_response",
            "http_error_response", "install_error_handlers", "internal_error_response", "memshelf_error_response",
-           "validation_error_response"]
+           "problem", "validation_error_response"]
 
 log = logging.getLogger("memshelf.server")
 
@@ -101,11 +102,19 @@ def memshelf_error_response(exc: MemshelfError, *, rpc: bool = False) -> JSONRes
     return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None, rpc=rpc)
 
 
+def problem(where: str, error: Mapping[str, Any]) -> str:
+    """One of pydantic's validation errors as a plain sentence (no link): what is wrong with which field."""
+    if error["type"] == "missing":
+        return f"{where} is missing"
+    if error["type"] == "extra_forbidden":
+        return f"unknown field {where!r}"
+    message = str(error.get("msg", "invalid"))
+    return f"{where}: {message[:1].lower()}{message[1:]}"
+
+
 def _validation_message(errors: Sequence[dict[str, Any]]) -> str:
-    parts = []
-    for error in errors[:5]:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    parts = [problem(".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body", error)
+             for error in errors[:5]]
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(parts) + more + ". Fix the request; the schema of every endpoint is at /docs"
 
@@ -119,11 +128,8 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
 
 
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
-    kinds = {404: "not_found", 405: "method_not_allowed"}
-    messages = {404: "no such endpoint: the API is described at /docs",
-                405: "this endpoint does not accept that HTTP method: see /docs"}
-    message = messages.get(exc.status_code, str(exc.detail))
-    return error_response(exc.status_code, kinds.get(exc.status_code, "http_error"), message,
+    message = "no such endpoint: the API is described at /docs" if exc.status_code == 404 else str(exc.detail)
+    return error_response(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
                           dict(exc.headers) if exc.headers else None)
 
 
@@ -133,7 +139,8 @@ def internal_error_response(exc: Exception) -> JSONResponse:
                                                  "log. Retry, and report it if it keeps happening")
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, allowed_methods: Callable[[Scope], set[str]]) -> None:
+    """allowed_methods: the methods the routes at a request's path take, for the Allow header of a 405."""
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
         return error_response(exc.status, exc.kind, exc.message)
@@ -146,8 +153,12 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return validation_error_response(exc)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:  # Starlette's Allow names the methods of one route; a path may have several
+            allow = ", ".join(sorted(allowed_methods(request.scope)))
+            return error_response(405, "method_not_allowed", f"this endpoint takes {allow}, not {request.method}: "
+                                                             "see /docs", {"Allow": allow})
         return http_error_response(exc)
 
     async def on_anything_else(_: Request, exc: Exception) -> JSONResponse:
