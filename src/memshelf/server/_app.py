@@ -36,7 +36,8 @@ Errors are `{{"error": {{"type": ..., "message": ...}}}}`. Limits: bodies up to 
 (imports {MAX_IMPORT_BYTES >> 20} MiB), search `limit` 1..{MAX_SEARCH_LIMIT}, list `limit` 1..{MAX_LIST_LIMIT},
 batches up to {MAX_BATCH} memories. Lists are paged: pass `next_cursor` back as `cursor`.
 
-MCP (streamable HTTP) is at `/mcp`: the same key, and the user in the `{USER_HEADER}` header (or `?user=`).
+MCP (streamable HTTP) is at `/mcp`, one POST per message: the same key, and the user in the `{USER_HEADER}` header
+(or `?user=`; the header wins when both are sent).
 """
 
 
