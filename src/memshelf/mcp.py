@@ -4,8 +4,7 @@ Tools: remember, recall, context, memories, forget, set_fact, facts, forget_fact
 Every result is bounded (recall returns at most MAX_RECALL hits, facts at most MAX_FACTS, a page of memories or
 messages at most MAX_PAGE, learn reads at most MAX_LEARN_TURNS turns given to it, long contents are cut at
 MAX_SHOWN_CHARS) so no tool returns the whole store. A tool refuses arguments it does not take, naming the ones it
-does. Like the HTTP server this is thin: it resolves
-the owner, calls the Shelf, and formats.
+does. Like the HTTP server this is thin: it resolves the owner, calls the Shelf, and formats.
 
 Transports:
 - stdio: `memshelf mcp --db PATH --tenant T --user U` (or `python -m memshelf.mcp ...`); the owner may also come
@@ -36,7 +35,7 @@ from .errors import MemshelfError
 from .learning.base import Plan, Proposal
 from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Memory,
                     Message, Owner)
-from .server._errors import KEY_HINT, error_response, problem
+from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem
 from .shelf import Shelf
 
 MAX_RECALL = 20
@@ -440,7 +439,7 @@ def http_owner(ctx: Context) -> Owner:
 
 class McpEndpoint:
     """The ASGI app `memshelf serve` routes /mcp to: resolves the owner (the tenant from the key ApiKeyAuth checked,
-    the user from X-Memshelf-User or ?user=) and hands the request to the SDK's streamable HTTP transport.
+    the user from X-Memshelf-User, else ?user=) and hands the request to the SDK's streamable HTTP transport.
 
     Stateless (no session kept between requests), so any worker process can answer any request. DNS rebinding
     protection is off because every request needs an API key, which a rebinding web page does not have.
@@ -468,7 +467,10 @@ class McpEndpoint:
                                   "send each JSON-RPC message as a POST (there is no event stream to GET and no "
                                   "session to DELETE)", {"Allow": "POST"}, rpc=True)
         key = scope.get("state", {}).get("memshelf_key")
-        if key is None or key.tenant is None:  # ApiKeyAuth refused requests without a key: this one is an admin's
+        if key is None:  # ApiKeyAuth answers a request without a live key before it gets here
+            return error_response(401, "unauthorized", f"missing API key: {KEY_HINT}",
+                                  {"WWW-Authenticate": UNAUTHORIZED}, rpc=True)
+        if key.tenant is None:
             return error_response(403, "forbidden", ("admin keys cannot use the memory tools: use a key bound "
                                                       f"to a tenant; {KEY_HINT}"), rpc=True)
         # The header wins over ?user= (README): a client config's fixed header is not overridden by a URL.
@@ -481,6 +483,7 @@ class McpEndpoint:
         except MemshelfError as exc:
             return error_response(422, "invalid_input", str(exc), rpc=True)
         return self.transport
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])
