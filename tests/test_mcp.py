@@ -19,18 +19,20 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent
 from test_server import LiveServer, bearer
 
 from memshelf import Shelf
-from memshelf.mcp import MAX_LEARN_TURNS, MAX_RECALL, MAX_SHOWN_CHARS
+from memshelf.mcp import MAX_LEARN_TURNS, MAX_PAGE, MAX_RECALL, MAX_SHOWN_CHARS
 from memshelf.server import create_app
 
-TOOLS = {"remember", "recall", "context", "forget", "set_fact", "facts", "learn"}
+TOOLS = {"remember", "recall", "context", "memories", "forget", "set_fact", "facts", "forget_fact", "log_message",
+         "messages", "learn"}
 Session = Callable[[], Any]
 
 
-def mcp_command(db: Path, tenant: str, user: str, entry: str = "module") -> list[str]:
+def mcp_command(db: Path | str, tenant: str, user: str, entry: str = "module") -> list[str]:
     """`python -m memshelf.mcp ...`, or the CLI's `memshelf ... mcp`."""
     if entry == "cli":
         return ["-m", "memshelf.cli", "--db", str(db), "--tenant", tenant, "--user", user, "--embedder", "none",
@@ -39,7 +41,7 @@ def mcp_command(db: Path, tenant: str, user: str, entry: str = "module") -> list
 
 
 @asynccontextmanager
-async def stdio_session(db: Path, tenant: str, user: str, entry: str = "module") -> AsyncIterator[ClientSession]:
+async def stdio_session(db: Path | str, tenant: str, user: str, entry: str = "module") -> AsyncIterator[ClientSession]:
     # The SDK passes the server a minimal environment: PYTHONPATH makes it run the code under test.
     params = StdioServerParameters(command=sys.executable, args=mcp_command(db, tenant, user, entry),
                                    env={"PYTHONPATH": os.pathsep.join(path for path in sys.path if path)})
@@ -86,6 +88,13 @@ async def check_tool_listing(session: ClientSession) -> None:
     assert tools["facts"].input_schema["properties"]["limit"]["maximum"] == 100
     assert set(tools["learn"].input_schema["properties"]) == {"messages", "thread", "dry_run"}
     assert tools["learn"].input_schema["properties"]["messages"]["anyOf"][0]["maxItems"] == MAX_LEARN_TURNS
+    assert all(tool.input_schema["additionalProperties"] is False for tool in tools.values())
+    for name in ("remember", "set_fact"):  # the schema names the sources the server declares
+        assert tools[name].input_schema["properties"]["source"]["enum"] == ["stated", "mined", "inferred"]
+    assert tools["memories"].input_schema["properties"]["limit"]["maximum"] == MAX_PAGE
+    assert set(tools["messages"].input_schema["properties"]) == {"thread", "limit", "cursor"}
+    assert tools["forget_fact"].input_schema["required"] == ["key"]
+    assert set(tools["log_message"].input_schema["required"]) == {"thread", "role", "content"}
 
 
 async def check_remember_then_recall(session: ClientSession) -> None:
@@ -117,6 +126,62 @@ async def check_bounds_and_errors(session: ClientSession) -> None:
     await call(session, "remember", topic="essay", content="long " + "word " * 3000)
     hit = (await call(session, "recall", question="essay"))["hits"][0]
     assert hit["truncated"] and len(hit["content"]) == MAX_SHOWN_CHARS
+
+
+async def check_arguments_are_strict_and_errors_plain(session: ClientSession) -> None:
+    """Unknown arguments used to be dropped silently, and bad ones answered with pydantic's text and links."""
+    error = await call_error(session, "remember", topic="diet", content="Kaleb is vegetarian.", tags=["food"])
+    assert error == ("remember was not run: unknown argument 'tags'. It takes topic (required), content (required), "
+                     "source, ttl_seconds")
+    assert (await call(session, "recall", question="vegetarian"))["hits"] == []  # nothing was stored
+    error = await call_error(session, "recall", query="printer", limit=MAX_RECALL + 1)
+    assert error == ("recall was not run: unknown argument 'query'; question is missing; limit: input should be less "
+                     f"than or equal to {MAX_RECALL}. It takes question (required), limit")
+    error = await call_error(session, "learn", messages=[{"role": "user", "content": "I live in Porto.", "at": "x"}])
+    assert "unknown field 'messages.0.at'" in error
+    for bad in (error, await call_error(session, "memories", limit="many")):
+        assert "pydantic" not in bad and "http" not in bad and "\n" not in bad
+
+
+async def check_managing_what_it_knows(session: ClientSession) -> None:
+    """An empty memory, then remember, list, page, set and forget a fact, log and read messages, learn a thread."""
+    assert await call(session, "memories") == {"memories": [], "next_cursor": None}
+    assert await call(session, "messages") == {"messages": [], "next_cursor": None}
+    ids = [(await call(session, "remember", topic="home", content=text))["id"]
+           for text in ("The boiler is in the attic.", "The wifi password is on the fridge.", "x" * 3000)]
+    first = await call(session, "memories", limit=2)
+    assert [m["id"] for m in first["memories"]] == ids[:0:-1]  # newest first
+    assert first["memories"][0]["truncated"] and len(first["memories"][0]["content"]) == MAX_SHOWN_CHARS
+    assert first["memories"][1] | {"created_at": None} == {
+        "id": ids[1], "topic": "home", "content": "The wifi password is on the fridge.", "truncated": False,
+        "source": "stated", "confidence": 1.0, "observations": 1, "created_at": None, "expires_at": None}
+    rest = await call(session, "memories", limit=2, cursor=first["next_cursor"])
+    assert ([m["id"] for m in rest["memories"]], rest["next_cursor"]) == ([ids[0]], None)
+    assert "cursor" in await call_error(session, "memories", cursor="not-a-cursor")
+    await call(session, "forget", memory_id=ids[2])
+    assert [m["id"] for m in (await call(session, "memories"))["memories"]] == ids[1::-1]
+
+    await call(session, "set_fact", key="diet", value="vegetarian")
+    await call(session, "set_fact", key="user_name", value="Kaleb")
+    assert await call(session, "forget_fact", key="diet") == {"forgotten": "diet", "scrub_pending": False}
+    assert [f["key"] for f in (await call(session, "facts"))["facts"]] == ["user_name"]
+    assert "no fact 'diet'" in await call_error(session, "forget_fact", key="diet")
+
+    logged = await call(session, "log_message", thread="kitchen", role="user", content="I live in Porto.")
+    assert (logged["thread"], logged["role"], logged["content"]) == ("kitchen", "user", "I live in Porto.")
+    await call(session, "log_message", thread="garage", role="user", content="The car is blue.")
+    await call(session, "log_message", thread="kitchen", role="assistant", content="Noted.")
+    kitchen = await call(session, "messages", thread="kitchen")
+    assert [(m["role"], m["content"]) for m in kitchen["messages"]] == [("assistant", "Noted."),
+                                                                         ("user", "I live in Porto.")]
+    page = await call(session, "messages", limit=2)
+    assert [m["thread"] for m in page["messages"]] == ["kitchen", "garage"]
+    older = await call(session, "messages", limit=2, cursor=page["next_cursor"])
+    assert ([m["id"] for m in older["messages"]], older["next_cursor"]) == ([logged["id"]], None)
+    plan = await call(session, "learn", thread="kitchen")
+    assert [(p["op"], p["key"], p["value"]) for p in plan["proposals"]] == [("set_fact", "home_city", "Porto")]
+    assert {f["key"]: f["value"] for f in (await call(session, "facts"))["facts"]} == {"home_city": "Porto",
+                                                                                       "user_name": "Kaleb"}
 
 
 HELLO = [{"role": "user", "content": "Hi, I'm Kaleb."}, {"role": "user", "content": "I live in Porto."},
@@ -171,6 +236,7 @@ def test_stdio_lists_remembers_recalls_and_bounds(db: Path, entry: str) -> None:
         await check_tool_listing(session)
         await check_remember_then_recall(session)
         await check_bounds_and_errors(session)
+        await check_arguments_are_strict_and_errors_plain(session)
         await check_learn(session)
 
     run(everything, lambda: stdio_session(db, "acme", "alice", entry))
@@ -205,6 +271,11 @@ def test_stdio_without_an_owner_says_what_to_pass(db: Path) -> None:
     assert done.returncode != 0 and "--tenant" in done.stderr and "MEMSHELF_USER" in done.stderr
 
 
+@pytest.mark.slow
+def test_stdio_manages_what_it_knows(target: str) -> None:
+    run(check_managing_what_it_knows, lambda: stdio_session(target, "acme", "nora"))
+
+
 # ---------------------------------------------------------------------------------------------- streamable HTTP
 
 @pytest.fixture(scope="module")
@@ -224,9 +295,17 @@ def test_http_lists_remembers_recalls_and_bounds(http: tuple[str, dict[str, str]
         await check_tool_listing(session)
         await check_remember_then_recall(session)
         await check_bounds_and_errors(session)
+        await check_arguments_are_strict_and_errors_plain(session)
         await check_a_guess_keeps_the_stated_fact(session)
 
     run(everything, lambda: http_session(url, secrets["acme"], "alice"))
+
+
+def test_http_manages_what_it_knows(target: str) -> None:
+    with Shelf.open(target, embedder=None) as shelf:
+        secret = shelf.create_key("acme")[1]
+    with LiveServer(create_app(target=target, embedder=None)) as live:
+        run(check_managing_what_it_knows, lambda: http_session(live.url, secret, "nora"))
 
 
 def test_http_learns_a_thread_logged_through_the_rest_api(http: tuple[str, dict[str, str]]) -> None:
@@ -288,35 +367,73 @@ def test_http_owners_are_isolated_and_match_the_rest_api(http: tuple[str, dict[s
                      headers=bearer(secrets["globex"])).status_code == 404
 
 
-@pytest.mark.parametrize("headers, status", [
-    ({}, 401), ({"Authorization": "Bearer ms_wrong", "X-Memshelf-User": "u"}, 401),
-    ({"X-Memshelf-User": "u"}, 401), ("admin", 403), ("no-user", 422),
+async def sdk_refusal(url: str, headers: dict[str, str]) -> str:
+    """What the SDK's client raises when /mcp refuses to start a session."""
+    try:
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as client, \
+                streamable_http_client(url + "/mcp", http_client=client) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+    except BaseException as exc:  # the SDK's task group wraps it in exception groups
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        assert isinstance(exc, MCPError), repr(exc)
+        return str(exc)
+    raise AssertionError("the session started")
+
+
+@pytest.mark.parametrize("headers, status, says", [
+    ({}, 401, "missing API key: create one with `memshelf keys create --tenant NAME` and send it as "
+              "`Authorization: Bearer <key>`"),
+    ({"Authorization": "Bearer ms_wrong", "X-Memshelf-User": "u"}, 401, "wrong or revoked API key"),
+    ({"X-Memshelf-User": "u"}, 401, "missing API key"),
+    ("admin", 403, "admin keys cannot use the memory tools: use a key bound to a tenant"),
+    ("no-user", 422, "no user: send the X-Memshelf-User header (or ?user=)"),
+    ("control-user", 422, "user contains control characters"),
 ])
-def test_http_mcp_denials(http: tuple[str, dict[str, str]], headers: Any, status: int) -> None:
+def test_http_mcp_denials_reach_the_sdk_client_with_what_to_do(http: tuple[str, dict[str, str]], headers: Any,
+                                                                status: int, says: str) -> None:
     url, secrets = http
-    if headers == "admin":
-        headers = {**bearer(secrets["admin"]), "X-Memshelf-User": "u"}
-    elif headers == "no-user":
-        headers = bearer(secrets["acme"])
+    if isinstance(headers, str):
+        headers = {"admin": {**bearer(secrets["admin"]), "X-Memshelf-User": "u"}, "no-user": bearer(secrets["acme"]),
+                   "control-user": {**bearer(secrets["acme"]), "X-Memshelf-User": "u\x01"}}[headers]
+    assert says in anyio.run(sdk_refusal, url, headers)
+
     ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     response = httpx.post(url + "/mcp", json=ping, headers={**headers, "Accept": "application/json, text/event-stream"})
     assert response.status_code == status
-    assert set(response.json()["error"]) == {"type", "message"}
+    body = response.json()  # a JSON-RPC error, in the HTTP API's one error shape
+    assert (body["jsonrpc"], body["id"], set(body["error"])) == ("2.0", None, {"code", "type", "message"})
+    assert says in body["error"]["message"]
+    assert (response.headers.get("WWW-Authenticate", "").startswith("Bearer ")) == (status == 401)
 
 
-def test_http_user_may_come_from_the_query(http: tuple[str, dict[str, str]]) -> None:
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+def test_http_mcp_answers_only_post_and_says_so(http: tuple[str, dict[str, str]], method: str) -> None:
+    """Stateless: a GET used to open an event stream that never ended."""
     url, secrets = http
+    headers = {**bearer(secrets["acme"]), "X-Memshelf-User": "u", "Accept": "text/event-stream"}
+    response = httpx.request(method, url + "/mcp", headers=headers, timeout=5)
+    assert (response.status_code, response.headers["Allow"]) == (405, "POST")
+    assert "answers POST only" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("header, stored_for", [(None, "erin"), ("frank", "frank")])
+def test_http_user_may_come_from_the_query_and_the_header_wins(http: tuple[str, dict[str, str]],
+                                                               header: str | None, stored_for: str) -> None:
+    url, secrets = http
+    headers = bearer(secrets["acme"]) | ({} if header is None else {"X-Memshelf-User": header})
 
     async def main() -> None:
-        async with httpx2.AsyncClient(headers=bearer(secrets["acme"]), timeout=30) as client, \
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as client, \
                 streamable_http_client(url + "/mcp?user=erin", http_client=client) as (read, write), \
                 ClientSession(read, write) as session:
             await session.initialize()
-            await call(session, "remember", topic="desk", content="Erin sits by the window.")
+            await call(session, "remember", topic="desk", content=f"{stored_for} sits by the window.")
 
     anyio.run(main)
-    listed = httpx.get(f"{url}/v1/users/erin/memories", headers=bearer(secrets["acme"])).json()["items"]
-    assert [m["content"] for m in listed] == ["Erin sits by the window."]
+    listed = httpx.get(f"{url}/v1/users/{stored_for}/memories", headers=bearer(secrets["acme"])).json()["items"]
+    assert [m["content"] for m in listed] == [f"{stored_for} sits by the window."]
 
 
 # ---------------------------------------------------------------------------------------------- schemathesis

@@ -94,10 +94,12 @@ def anonymous(deployment: Deployment) -> Iterator[httpx.Client]:
 
 
 def assert_error(response: httpx.Response, status: int, kind: str | None = None) -> dict[str, str]:
-    """The one error shape, a message that says what to do, and nothing of the server's insides."""
+    """The one error shape (at /mcp also a JSON-RPC error), a message that says what to do, and nothing of the
+    server's insides."""
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "message"}, body
+    rpc = {"jsonrpc", "id", "code"} if response.request.url.path.startswith("/mcp") else set()
+    assert set(body) | set(body["error"]) == {"error", "type", "message"} | rpc, body
     assert body["error"]["message"].strip()
     if kind is not None:
         assert body["error"]["type"] == kind, body
@@ -420,7 +422,9 @@ def test_an_extractor_whose_service_is_down_is_503_with_retry_after(acme: httpx.
 ])
 def test_missing_or_wrong_key_is_401(anonymous: httpx.Client, headers: dict[str, str], method: str,
                                      path: str) -> None:
-    assert_error(anonymous.request(method, path, headers=headers, json={"question": "x"}), 401, "unauthorized")
+    response = anonymous.request(method, path, headers=headers, json={"question": "x"})
+    assert_error(response, 401, "unauthorized")
+    assert response.headers["WWW-Authenticate"].startswith('Bearer realm="memshelf"')
 
 
 def test_x_api_key_header_works_too(deployment: Deployment) -> None:
@@ -557,6 +561,115 @@ def test_bad_input_is_a_4xx_json_error(acme: httpx.Client, method: str, path: st
     error = assert_error(response, status, kind)
     if status == 422 and kind == "validation_error":
         assert "/docs" in error["message"]
+
+
+def test_a_422_names_the_field_and_the_problem_in_plain_words(acme: httpx.Client) -> None:
+    response = acme.post("/v1/users/u/messages", json={"thread": "t", "content": 5, "sender": "me"})
+    message = assert_error(response, 422, "validation_error")["message"]
+    assert message.startswith("role is missing; content: input should be a valid string; unknown field 'sender'. ")
+    assert "pydantic" not in message and "http" not in message
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("PATCH", "/v1/users/u/memories", "GET, POST"), ("PUT", "/v1/users/u/memories/m_1", "DELETE, GET"),
+    ("POST", "/v1/users/u/facts/k", "DELETE, GET, PUT"), ("POST", "/health", "GET"),
+    ("PUT", "/v1/admin/keys", "GET, POST"),
+])
+def test_405_says_every_method_the_path_takes(acme: httpx.Client, method: str, path: str, allow: str) -> None:
+    """Starlette's Allow named only the first route's methods at a path several routes share."""
+    response = acme.request(method, path)
+    assert f"takes {allow}, not {method}" in assert_error(response, 405, "method_not_allowed")["message"]
+    assert response.headers["Allow"] == allow
+
+
+SCHEMA_EDGES = [  # (what, method, path template, path parameters, body)
+    ("user with a control character", "GET", "/v1/users/{user}/memories", {"user": "a\x01b"}, None),
+    ("user of spaces", "GET", "/v1/users/{user}/memories", {"user": "  "}, None),
+    ("user of a no-break space", "GET", "/v1/users/{user}/memories", {"user": "\xa0"}, None),
+    ("user of a next-line character", "GET", "/v1/users/{user}/memories", {"user": "\x85"}, None),
+    ("user with spaces and accents", "GET", "/v1/users/{user}/memories", {"user": "zoë o'brien"}, None),
+    ("user with a zero-width space", "GET", "/v1/users/{user}/memories", {"user": "a\u200bb"}, None),
+    ("undeclared source", "POST", "/v1/users/{user}/memories", {"user": "u"},
+     {"topic": "t", "content": "c", "source": "gossip"}),
+    ("built-in source", "POST", "/v1/users/{user}/memories", {"user": "u"},
+     {"topic": "t", "content": "c", "source": "mined"}),
+    ("content of spaces", "POST", "/v1/users/{user}/memories", {"user": "u"}, {"topic": "t", "content": " \t "}),
+    ("content with NUL", "POST", "/v1/users/{user}/memories", {"user": "u"}, {"topic": "t", "content": "a\x00b"}),
+    ("content with lines, tabs and a BOM", "POST", "/v1/users/{user}/memories", {"user": "u"},
+     {"topic": "t", "content": "\ufeffone\n\ttwo"}),
+    ("topic of a separator", "POST", "/v1/users/{user}/memories", {"user": "u"}, {"topic": "\x1c", "content": "c"}),
+    ("fact key of spaces", "PUT", "/v1/users/{user}/facts/{key}", {"user": "u", "key": " "}, {"value": "v"}),
+    ("fact value with NUL", "PUT", "/v1/users/{user}/facts/{key}", {"user": "u", "key": "k"}, {"value": "v\x00"}),
+    ("role of a tab", "POST", "/v1/users/{user}/messages", {"user": "u"},
+     {"thread": "t", "role": "\t", "content": "c"}),
+    ("memory id of spaces", "GET", "/v1/users/{user}/memories/{memory_id}", {"user": "u", "memory_id": "  "}, None),
+    ("memory id unknown", "GET", "/v1/users/{user}/memories/{memory_id}", {"user": "u", "memory_id": "m_x"}, None),
+    ("prompt text with NUL", "POST", "/v1/users/{user}/prompt", {"user": "u"},
+     {"base_prompt": "b", "user_text": "a\x00"}),
+]
+
+
+def schema_allows(openapi: dict[str, Any], method: str, template: str, params: dict[str, str], body: Any) -> bool:
+    from jsonschema import Draft202012Validator
+
+    def allows(value: Any, schema: dict[str, Any]) -> bool:
+        return Draft202012Validator({**schema, "components": openapi["components"]}).is_valid(value)
+
+    operation = openapi["paths"][template][method.lower()]
+    if not all(allows(params[p["name"]], p["schema"]) for p in operation["parameters"] if p["name"] in params):
+        return False
+    return body is None or allows(body, operation["requestBody"]["content"]["application/json"]["schema"])
+
+
+@pytest.mark.parametrize("method, template, params, body", [case[1:] for case in SCHEMA_EDGES],
+                         ids=[case[0] for case in SCHEMA_EDGES])
+def test_the_openapi_schema_allows_what_the_server_accepts(acme: httpx.Client, method: str, template: str,
+                                                           params: dict[str, str], body: Any) -> None:
+    """An undeclared source and a user with a control character passed the schema, then came back 422."""
+    from urllib.parse import quote
+
+    path = template.format(**{name: quote(value, safe="") for name, value in params.items()})
+    response = acme.request(method, path, json=body)
+    allowed = schema_allows(acme.get("/openapi.json").json(), method, template, params, body)
+    assert (response.status_code != 422) == allowed, response.text
+    if not allowed:
+        assert_error(response, 422)
+
+
+def test_the_schema_names_the_sources_the_server_declares(tmp_path: Path) -> None:
+    with Shelf.open(tmp_path / "s.db", embedder=None, sources={"sensor": 0.8}) as shelf:
+        secret = shelf.create_key("acme")[1]
+        with LiveServer(create_app(shelf)) as live, \
+                httpx.Client(base_url=live.url, headers=bearer(secret), timeout=30) as client:
+            schemas = client.get("/openapi.json").json()["components"]["schemas"]
+            for model in ("MemoryIn", "FactIn"):
+                assert schemas[model]["properties"]["source"]["enum"] == ["stated", "mined", "inferred", "sensor"]
+            assert "enum" not in schemas["MemoryOut"]["properties"]["source"]  # what was stored may predate it
+            stored = client.post("/v1/users/u/memories", json={"topic": "t", "content": "c", "source": "sensor"})
+            assert stored.json()["confidence"] == 0.8
+
+
+def test_the_schemas_text_rules_are_memshelfs() -> None:
+    """The patterns the schema shows are the checks model.py makes, character by character (JSON Schema's \\s is
+    not Python's whitespace, so the schema spells it out)."""
+    import re
+
+    from memshelf import InvalidInput, Owner
+    from memshelf.model import check_text
+    from memshelf.server._schemas import IDENTIFIER, NOT_BLANK, TEXT
+
+    def accepts(check: Any, value: str) -> bool:
+        try:
+            check(value)
+        except InvalidInput:
+            return False
+        return True
+
+    rules = [(TEXT, lambda v: check_text("t", v)), (IDENTIFIER, lambda v: Owner("t", v)),
+             (NOT_BLANK, lambda v: Shelf._check_id(v))]
+    for character in [chr(n) for n in range(0x3100)] + ["\ufeff", "\U0001f600"]:
+        for rule, check in rules:
+            assert bool(re.search(rule["pattern"], character)) == accepts(check, character), (rule, character)
 
 
 def test_oversized_body_is_413(acme: httpx.Client) -> None:

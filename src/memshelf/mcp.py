@@ -1,9 +1,10 @@
 """`memshelf mcp`: the tools an assistant calls, served with the official MCP Python SDK (`MCPServer`).
 
-Tools: remember, recall, context, forget, set_fact, facts, learn. Every result is bounded (recall returns at most
-MAX_RECALL hits, facts at most MAX_FACTS, learn reads at most MAX_LEARN_TURNS turns given to it, long contents
-are cut at MAX_SHOWN_CHARS) so no tool returns the whole store. Like the HTTP server this is thin: it resolves
-the owner, calls the Shelf, and formats.
+Tools: remember, recall, context, memories, forget, set_fact, facts, forget_fact, log_message, messages, learn.
+Every result is bounded (recall returns at most MAX_RECALL hits, facts at most MAX_FACTS, a page of memories or
+messages at most MAX_PAGE, learn reads at most MAX_LEARN_TURNS turns given to it, long contents are cut at
+MAX_SHOWN_CHARS) so no tool returns the whole store. A tool refuses arguments it does not take, naming the ones it
+does. Like the HTTP server this is thin: it resolves the owner, calls the Shelf, and formats.
 
 Transports:
 - stdio: `memshelf mcp --db PATH --tenant T --user U` (or `python -m memshelf.mcp ...`); the owner may also come
@@ -18,28 +19,32 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Annotated, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import MemshelfError
 from .learning.base import Plan, Proposal
-from .model import MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Owner
-from .server._errors import error_response
+from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Memory,
+                    Message, Owner)
+from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem
 from .shelf import Shelf
 
 MAX_RECALL = 20
 MAX_FACTS = 100
 MAX_LEARN_TURNS = 200
+MAX_PAGE = 50
 MAX_SHOWN_CHARS = 2_000
 """Longest content a listing shows; longer ones end with an ellipsis and `truncated: true`."""
-USER_HEADER = "x-memshelf-user"
+USER_HEADER = "X-Memshelf-User"
 OWNER_STATE = "memshelf_owner"
 
 T = TypeVar("T")
@@ -49,9 +54,11 @@ OwnerResolver = Callable[[Context], Owner]
 INSTRUCTIONS = """memshelf is this user's long-term memory. Call `recall` (or `context`) before answering questions
 that may depend on what you learned earlier; call `remember` when the user tells you something worth keeping
 (one short statement per call, with a topic); use `set_fact` for keyed state such as the user's name, which has
-one current value. Facts are listed by `facts`. `forget` erases a memory by the id recall returned. `learn` reads
-conversation turns (or a logged thread) and stores the facts and memories the user stated in them; with dry_run it
-only says what it would store."""
+one current value. Facts are listed by `facts`, memories page by page (newest first, with ids) by `memories`.
+`forget` erases a memory by its id and `forget_fact` a fact by its key: do it when the user says something is
+wrong or asks you to forget it. `log_message` keeps a conversation turn in a thread and `messages` reads them back.
+`learn` reads conversation turns (or a logged thread) and stores the facts and memories the user stated in them;
+with dry_run it only says what it would store."""
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -64,15 +71,43 @@ class Remembered(BaseModel):
     observations: int = Field(description="how many times this exact statement was remembered")
 
 
-class Recalled(BaseModel):
+class MemoryItem(BaseModel):
     id: str
     topic: str
     content: str
     truncated: bool
     source: str
     confidence: float
+    observations: int
+    created_at: str
+    expires_at: str | None = None
+
+
+class Recalled(MemoryItem):
     score: float
     retriever: str = Field(description="keyword, semantic or hybrid (found by both)")
+
+
+NEXT_CURSOR = "pass it as cursor to get the next page; null on the last page"
+
+
+class MemoriesResult(BaseModel):
+    memories: list[MemoryItem]
+    next_cursor: str | None = Field(description=NEXT_CURSOR)
+
+
+class MessageItem(BaseModel):
+    id: str
+    thread: str
+    role: str
+    content: str
+    truncated: bool
+    created_at: str
+
+
+class MessagesResult(BaseModel):
+    messages: list[MessageItem]
+    next_cursor: str | None = Field(description=NEXT_CURSOR)
 
 
 class RecallResult(BaseModel):
@@ -100,10 +135,16 @@ class Forgotten(BaseModel):
     scrub_pending: bool = False  # gone from every read; a copy may stay in the database's files a while
 
 
+Role = Annotated[str, Field(min_length=1, max_length=64, description="user, assistant or tool: only the user's own "
+                                                                      "turns teach anything")]
+Said = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS, description="what was said")]
+
+
 class TurnArg(BaseModel):
-    role: Annotated[str, Field(min_length=1, max_length=64, description="user, assistant or tool: only the "
-                                                                        "user's own turns teach anything")]
-    content: Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role
+    content: Said
 
 
 class Learned(BaseModel):
@@ -144,11 +185,25 @@ def shown(text: str) -> tuple[str, bool]:
     return text[:MAX_SHOWN_CHARS - 1] + "\u2026", True
 
 
+def memory_item(memory: Memory) -> dict[str, Any]:
+    content, truncated = shown(memory.content)
+    return {"id": memory.id, "topic": memory.topic, "content": content, "truncated": truncated,
+            "source": memory.source, "confidence": memory.confidence, "observations": memory.observations,
+            "created_at": memory.created_at.isoformat(), "expires_at": _iso(memory.expires_at)}
+
+
 def recalled(hit: Hit) -> Recalled:
-    content, truncated = shown(hit.memory.content)
-    return Recalled(id=hit.memory.id, topic=hit.memory.topic, content=content, truncated=truncated,
-                    source=hit.memory.source, confidence=hit.memory.confidence, score=round(hit.score, 6),
-                    retriever=hit.retriever)
+    return Recalled(**memory_item(hit.memory), score=round(hit.score, 6), retriever=hit.retriever)
+
+
+def message_item(message: Message) -> MessageItem:
+    content, truncated = shown(message.content)
+    return MessageItem(id=message.id, thread=message.thread, role=message.role, content=content,
+                       truncated=truncated, created_at=message.created_at.isoformat())
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
 
 
 def fact_item(fact: Fact) -> FactItem:
@@ -168,12 +223,53 @@ Question = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS,
                                 description="what you want to know, in plain words")]
 Source = Annotated[str, Field(min_length=1, max_length=64,
                               description="stated: the user said it (1.0); mined: extracted from a conversation "
-                                          "(0.6); inferred: your own conclusion (0.4)")]
+                                          "(0.6); inferred: your own conclusion (0.4); or another source the server "
+                                          "declares")]
+FactKey = Annotated[str, Field(min_length=1, max_length=MAX_FACT_KEY_CHARS,
+                               description="the name of the state, e.g. 'user_name'")]
+Thread = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS,
+                              description="the conversation's name, e.g. 'kitchen' or a chat id")]
+PageSize = Annotated[int, Field(ge=1, le=MAX_PAGE, description="most items on this page")]
+Cursor = Annotated[str | None, Field(min_length=1, max_length=200, description=(
+    "the next_cursor of the previous page, unchanged; omit it for the first page"))]
+
+
+class StrictTool(Tool):
+    """A tool that refuses arguments it does not take, and says what is wrong with the others in plain words: the
+    SDK alone drops unknown arguments silently and answers pydantic's text, links included."""
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any]) -> StrictTool:
+        tool = cls.from_function(fn)
+        assert isinstance(tool, cls)  # from_function builds the class it is called on
+        tool.parameters["additionalProperties"] = False
+        return tool
+
+    async def run(self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False) -> Any:
+        problems = self.problems(arguments)
+        if problems:
+            raise ToolError(f"{self.name} was not run: {'; '.join(problems[:5])}. It takes {self.takes()}")
+        return await super().run(arguments, context, convert_result)
+
+    def problems(self, arguments: dict[str, Any]) -> list[str]:
+        unknown = [f"unknown argument {name!r}" for name in arguments if name not in self.parameters["properties"]]
+        try:
+            self.fn_metadata.validate_arguments(arguments)
+        except ValidationError as exc:
+            return unknown + [problem(".".join(str(part) for part in error["loc"]), error) for error in exc.errors()]
+        return unknown
+
+    def takes(self) -> str:
+        required = set(self.parameters.get("required", ()))
+        return ", ".join(f"{name} (required)" if name in required else name for name in self.parameters["properties"])
 
 
 def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
     """The MCP server with memshelf's tools; `owner_resolver` says whose memory each call reads and writes."""
-    server = MCPServer("memshelf", instructions=INSTRUCTIONS, version=_version(), log_level="WARNING")
+    tools: list[Tool] = []
+
+    def tool(fn: Callable[..., Any]) -> None:
+        tools.append(StrictTool.of(fn))
 
     def owner(ctx: Context) -> Owner:
         try:
@@ -181,7 +277,7 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         except MemshelfError as exc:
             raise ToolError(str(exc)) from exc
 
-    @server.tool()
+    @tool
     def remember(topic: Topic, content: Statement, ctx: Context, source: Source = "stated",
                  ttl_seconds: Annotated[float | None, Field(gt=0, description="forget it after this many "
                                                                               "seconds; omit to keep it")] = None
@@ -192,7 +288,7 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         return Remembered(id=memory.id, topic=memory.topic, source=memory.source, confidence=memory.confidence,
                           observations=memory.observations)
 
-    @server.tool()
+    @tool
     def recall(question: Question, ctx: Context,
                limit: Annotated[int, Field(ge=1, le=MAX_RECALL, description="most hits to return")] = 5
                ) -> RecallResult:
@@ -201,31 +297,38 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         result = _call(lambda: shelf.search(owner(ctx), question, limit=limit))
         return RecallResult(mode=result.mode, degraded=result.degraded, hits=[recalled(h) for h in result])
 
-    @server.tool()
+    @tool
     def context(question: Question, ctx: Context,
                 limit: Annotated[int, Field(ge=1, le=MAX_RECALL, description="most statements to include")] = 3
                 ) -> str:
         """The block of relevant knowledge to put in a prompt for this question (empty when nothing matches)."""
         return _call(lambda: shelf.context(owner(ctx), question, limit=limit))
 
-    @server.tool()
+    @tool
+    def memories(ctx: Context, limit: PageSize = 20, cursor: Cursor = None) -> MemoriesResult:
+        """List what you remember about the user, newest first, a page at a time, with ids. Call it to review or
+        tidy the memory (then `forget` what is wrong or outdated) or when the user asks what you know; to answer a
+        question, `recall` finds the relevant statements instead."""
+        page, next_cursor = _call(lambda: shelf.list_memories(owner(ctx), limit=limit, cursor=cursor))
+        return MemoriesResult(memories=[MemoryItem(**memory_item(m)) for m in page], next_cursor=next_cursor)
+
+    @tool
     def forget(memory_id: Annotated[str, Field(min_length=1, max_length=200,
-                                               description="the id that remember or recall returned")],
+                                               description="the id that remember, recall or memories returned")],
                ctx: Context) -> Forgotten:
-        """Erase one memory for good (its text, index entries and vector)."""
+        """Erase one memory for good (its text, index entries and vector): when it is wrong or outdated, or the
+        user asks you to forget it."""
         erased = _call(lambda: shelf.forget(owner(ctx), memory_id))
         return Forgotten(forgotten=memory_id, scrub_pending=erased.scrub_pending)
 
-    @server.tool()
-    def set_fact(key: Annotated[str, Field(min_length=1, max_length=MAX_FACT_KEY_CHARS,
-                                           description="the name of the state, e.g. 'user_name'")],
-                 value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)],
+    @tool
+    def set_fact(key: FactKey, value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)],
                  ctx: Context, source: Source = "stated") -> FactItem:
         """Set the one current value of a keyed fact about the user (e.g. user_name = Kaleb); the old value is
         kept in an audit trail."""
         return fact_item(_call(lambda: shelf.set_fact(owner(ctx), key, value, source)))
 
-    @server.tool()
+    @tool
     def facts(ctx: Context,
               limit: Annotated[int, Field(ge=1, le=MAX_FACTS, description="most facts to list")] = MAX_FACTS
               ) -> FactsResult:
@@ -233,7 +336,29 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         everything = _call(lambda: shelf.facts(owner(ctx)))
         return FactsResult(facts=[fact_item(f) for f in everything[:limit]], more=len(everything) > limit)
 
-    @server.tool()
+    @tool
+    def forget_fact(key: FactKey, ctx: Context) -> Forgotten:
+        """Erase a fact and its whole history, when it no longer holds or the user asks you to forget it. To change
+        a value, call `set_fact` instead: it keeps the old value in the history."""
+        erased = _call(lambda: shelf.forget_fact(owner(ctx), key))
+        return Forgotten(forgotten=key, scrub_pending=erased.scrub_pending)
+
+    @tool
+    def log_message(thread: Thread, role: Role, content: Said, ctx: Context) -> MessageItem:
+        """Keep one turn of a conversation in the user's history, in a named thread. History is not searched as
+        knowledge: `messages` reads it back, and `learn` with the thread stores what the user stated in it."""
+        return message_item(_call(lambda: shelf.log_message(owner(ctx), thread, role, content)))
+
+    @tool
+    def messages(ctx: Context, thread: Annotated[Thread | None, Field(description=(
+                     "one thread's turns; omit it for every thread's, each naming its thread"))] = None,
+                 limit: PageSize = 20, cursor: Cursor = None) -> MessagesResult:
+        """Read the user's logged conversation turns, newest first, a page at a time: to see what was said
+        earlier, or which threads there are."""
+        page, next_cursor = _call(lambda: shelf.list_messages(owner(ctx), thread, limit=limit, cursor=cursor))
+        return MessagesResult(messages=[message_item(m) for m in page], next_cursor=next_cursor)
+
+    @tool
     def learn(ctx: Context,
               messages: Annotated[list[TurnArg] | None, Field(min_length=1, max_length=MAX_LEARN_TURNS, description=(
                   "the recent turns to learn from, oldest first; or give thread instead"))] = None,
@@ -245,7 +370,10 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         turns = None if messages is None else [turn.model_dump() for turn in messages]
         return learn_result(_call(lambda: shelf.learn(owner(ctx), turns, thread=thread, dry_run=dry_run)))
 
-    return server
+    for each in tools:  # the schema names the sources this shelf declares; the Shelf says "did you mean" to others
+        if "source" in each.parameters["properties"]:
+            each.parameters["properties"]["source"]["enum"] = list(shelf.sources)
+    return MCPServer("memshelf", instructions=INSTRUCTIONS, version=_version(), log_level="WARNING", tools=tools)
 
 
 def _call(action: Callable[[], T]) -> T:
@@ -311,7 +439,7 @@ def http_owner(ctx: Context) -> Owner:
 
 class McpEndpoint:
     """The ASGI app `memshelf serve` routes /mcp to: resolves the owner (the tenant from the key ApiKeyAuth checked,
-    the user from X-Memshelf-User or ?user=) and hands the request to the SDK's streamable HTTP transport.
+    the user from X-Memshelf-User, else ?user=) and hands the request to the SDK's streamable HTTP transport.
 
     Stateless (no session kept between requests), so any worker process can answer any request. DNS rebinding
     protection is off because every request needs an API key, which a rebinding web page does not have.
@@ -329,24 +457,32 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.transport_or_refusal(scope)(scope, receive, send)
+
+    def transport_or_refusal(self, scope: Scope) -> ASGIApp:
+        """The SDK's transport with the owner in the request state, or the error answer (a JSON-RPC error, which
+        MCP clients report) that says what to send instead."""
+        if scope["method"] != "POST":  # stateless: no event stream to GET, no session to DELETE
+            return error_response(405, "method_not_allowed", "this MCP endpoint is stateless and answers POST only: "
+                                  "send each JSON-RPC message as a POST (there is no event stream to GET and no "
+                                  "session to DELETE)", {"Allow": "POST"}, rpc=True)
         key = scope.get("state", {}).get("memshelf_key")
-        if key is None or key.tenant is None:
-            message = ("admin keys cannot use memory tools: use a key bound to a tenant" if key is not None
-                       else "missing API key: send Authorization: Bearer <key>")
-            await error_response(403 if key is not None else 401, "forbidden" if key is not None else
-                                 "unauthorized", message)(scope, receive, send)
-            return
+        if key is None:  # ApiKeyAuth answers a request without a live key before it gets here
+            return error_response(401, "unauthorized", f"missing API key: {KEY_HINT}",
+                                  {"WWW-Authenticate": UNAUTHORIZED}, rpc=True)
+        if key.tenant is None:
+            return error_response(403, "forbidden", ("admin keys cannot use the memory tools: use a key bound "
+                                                      f"to a tenant; {KEY_HINT}"), rpc=True)
+        # The header wins over ?user= (README): a client config's fixed header is not overridden by a URL.
         user = Headers(scope=scope).get(USER_HEADER) or QueryParams(scope.get("query_string", b"")).get("user")
         try:
             if not user:
                 raise MemshelfError(f"no user: send the {USER_HEADER} header (or ?user=) naming whose memory "
                                     "the tools act on")
-            owner = Owner(key.tenant, user)
+            scope["state"][OWNER_STATE] = Owner(key.tenant, user)
         except MemshelfError as exc:
-            await error_response(422, "invalid_input", str(exc))(scope, receive, send)
-            return
-        scope["state"][OWNER_STATE] = owner
-        await self.transport(scope, receive, send)
+            return error_response(422, "invalid_input", str(exc), rpc=True)
+        return self.transport
 
 
 if __name__ == "__main__":

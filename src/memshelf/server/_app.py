@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from fastapi import FastAPI
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 from ..errors import ConfigError
 from ..shelf import Shelf
@@ -17,7 +18,7 @@ from ._deps import MAX_LIST_LIMIT
 from ._errors import ERROR_RESPONSES, install_error_handlers
 from ._middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, body_limit_for
 from ._routers import ROUTERS
-from ._schemas import MAX_BATCH, MAX_SEARCH_LIMIT
+from ._schemas import DECLARED_SOURCES, MAX_BATCH, MAX_SEARCH_LIMIT
 
 if TYPE_CHECKING:
     from ..mcp import McpEndpoint
@@ -35,7 +36,8 @@ Errors are `{{"error": {{"type": ..., "message": ...}}}}`. Limits: bodies up to 
 (imports {MAX_IMPORT_BYTES >> 20} MiB), search `limit` 1..{MAX_SEARCH_LIMIT}, list `limit` 1..{MAX_LIST_LIMIT},
 batches up to {MAX_BATCH} memories. Lists are paged: pass `next_cursor` back as `cursor`.
 
-MCP (streamable HTTP) is at `/mcp`: the same key, and the user in the `{USER_HEADER}` header (or `?user=`).
+MCP (streamable HTTP) is at `/mcp`, one POST per message: the same key, and the user in the `{USER_HEADER}` header
+(or `?user=`; the header wins when both are sent).
 """
 
 
@@ -62,7 +64,8 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
     app = FastAPI(title="memshelf", version=_version(), description=DESCRIPTION, lifespan=lifespan,
                   responses=ERROR_RESPONSES)
     app.state.shelf = opened
-    install_error_handlers(app)
+    app.openapi = _openapi_naming_sources(app, list(opened.sources))  # type: ignore[method-assign]
+    install_error_handlers(app, lambda scope: _methods_at(app, scope))
     for router in ROUTERS:
         app.include_router(router)
     if mcp_endpoint is not None:
@@ -70,6 +73,29 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
     app.add_middleware(BodyLimit, limit_for=body_limit_for)
     app.add_middleware(ApiKeyAuth, shelf=opened)
     return app
+
+
+def _openapi_naming_sources(app: FastAPI, sources: list[str]) -> Callable[[], dict[str, Any]]:
+    """app.openapi, with the sources this server declares as the enum of every `source` a request names (a Python
+    model cannot list them: they are declared when the Shelf opens)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            for model in generate().get("components", {}).get("schemas", {}).values():
+                field = model.get("properties", {}).get("source", {})
+                if field.pop(DECLARED_SOURCES, False):
+                    field["enum"] = sources
+        return app.openapi_schema  # type: ignore[return-value]
+
+    return openapi
+
+
+def _methods_at(app: FastAPI, scope: Scope) -> set[str]:
+    """The methods the routes at this request's path take (the app's own and those of ROUTERS)."""
+    routes = [*app.router.routes, *(route for router in ROUTERS for route in router.routes)]
+    return {method for route in routes if isinstance(route, Route) and route.methods
+            and route.matches(scope)[0] is not Match.NONE for method in route.methods}
 
 
 def _opener(target: str | None, embedder: Any) -> Callable[[], Shelf]:

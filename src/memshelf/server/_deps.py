@@ -15,6 +15,7 @@ from ..model import Owner
 from ..shelf import Shelf
 from ..stores.base import ApiKey
 from ._errors import KEY_HINT, ApiError
+from ._schemas import IDENTIFIER
 
 __all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "UserPath", "admin_key",
            "caller_key", "offset_cursor", "page_of", "read_offset_cursor", "shelf_of", "user_owner"]
@@ -25,7 +26,8 @@ T = TypeVar("T")
 
 ListLimit = Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description=f"page size, 1..{MAX_LIST_LIMIT}")]
 Cursor = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page, unchanged")]
-UserPath = Annotated[str, Path(min_length=1, max_length=200, description="the user inside your key's tenant")]
+UserPath = Annotated[str, Path(min_length=1, max_length=200, json_schema_extra=IDENTIFIER, description=(
+    "the user inside your key's tenant: printable text (no control characters), not only spaces"))]
 
 
 # ---------------------------------------------------------------------------------------------- paging helpers

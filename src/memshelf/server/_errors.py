@@ -2,6 +2,10 @@
 
     {"error": {"type": "invalid_input", "message": "what is wrong, and what to do"}}
 
+At /mcp the same body is also a JSON-RPC error (`"jsonrpc": "2.0", "id": null` and a `code` beside `type` and
+`message`): MCP clients report the message of a JSON-RPC error body, and only "Server returned an error response"
+for any other.
+
 A leaf: it imports nothing of memshelf but its exceptions, so the MCP endpoint answers in the same shape without
 importing the rest of the server.
 """
@@ -10,26 +14,32 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError,
                       ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
                       UnknownSource)
 
-__all__ = ["ERROR_RESPONSES", "KEY_HINT", "ApiError", "ErrorBody", "ErrorOut", "error_response", "http_error_response",
-           "install_error_handlers", "internal_error_response", "memshelf_error_response",
-           "validation_error_response"]
+__all__ = ["ERROR_RESPONSES", "KEY_HINT", "UNAUTHORIZED", "ApiError", "ErrorBody", "ErrorOut", "error_response",
+           "http_error_response", "install_error_handlers", "internal_error_response", "memshelf_error_response",
+           "problem", "validation_error_response"]
 
 log = logging.getLogger("memshelf.server")
 
 KEY_HINT = "create one with `memshelf keys create --tenant NAME` and send it as `Authorization: Bearer <key>`"
 """What a request without a usable API key should do next."""
+UNAUTHORIZED = 'Bearer realm="memshelf"'
+"""The WWW-Authenticate challenge of a 401 (RFC 6750): the key goes in `Authorization: Bearer <key>`."""
+_RPC_AUTH_ERROR, _RPC_INVALID_REQUEST, _RPC_INTERNAL_ERROR = -32001, -32600, -32603
+"""JSON-RPC codes at /mcp: a refused key (JSON-RPC leaves -32000..-32099 to servers), a request refused otherwise,
+the server's own failure."""
 
 _STATUS_OF: tuple[tuple[type[MemshelfError], int, str], ...] = (
     (UnknownSource, 422, "unknown_source"),
@@ -73,22 +83,38 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 """The error answers every route may give, as OpenAPI documents them."""
 
 
-def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
+def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None, *,
+                   rpc: bool = False) -> JSONResponse:
+    """The one error body; with rpc (answers at /mcp) also a JSON-RPC error an MCP client reports."""
+    error = {"type": kind, "message": message}
+    if not rpc:
+        return JSONResponse({"error": error}, status_code=status, headers=headers)
+    code = (_RPC_AUTH_ERROR if status in (401, 403) else _RPC_INTERNAL_ERROR if status >= 500
+            else _RPC_INVALID_REQUEST)
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, **error}}, status_code=status,
+                        headers=headers)
 
 
-def memshelf_error_response(exc: MemshelfError) -> JSONResponse:
+def memshelf_error_response(exc: MemshelfError, *, rpc: bool = False) -> JSONResponse:
     status, kind = next((s, k) for cls, s, k in _STATUS_OF if isinstance(exc, cls))
     if status >= 500:
         log.warning("%s: %s", type(exc).__name__, exc)
-    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None)
+    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None, rpc=rpc)
+
+
+def problem(where: str, error: Mapping[str, Any]) -> str:
+    """One of pydantic's validation errors as a plain sentence (no link): what is wrong with which field."""
+    if error["type"] == "missing":
+        return f"{where} is missing"
+    if error["type"] == "extra_forbidden":
+        return f"unknown field {where!r}"
+    message = str(error.get("msg", "invalid"))
+    return f"{where}: {message[:1].lower()}{message[1:]}"
 
 
 def _validation_message(errors: Sequence[dict[str, Any]]) -> str:
-    parts = []
-    for error in errors[:5]:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    parts = [problem(".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body", error)
+             for error in errors[:5]]
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(parts) + more + ". Fix the request; the schema of every endpoint is at /docs"
 
@@ -102,11 +128,8 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
 
 
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
-    kinds = {404: "not_found", 405: "method_not_allowed"}
-    messages = {404: "no such endpoint: the API is described at /docs",
-                405: "this endpoint does not accept that HTTP method: see /docs"}
-    message = messages.get(exc.status_code, str(exc.detail))
-    return error_response(exc.status_code, kinds.get(exc.status_code, "http_error"), message,
+    message = "no such endpoint: the API is described at /docs" if exc.status_code == 404 else str(exc.detail)
+    return error_response(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
                           dict(exc.headers) if exc.headers else None)
 
 
@@ -116,7 +139,8 @@ def internal_error_response(exc: Exception) -> JSONResponse:
                                                  "log. Retry, and report it if it keeps happening")
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, allowed_methods: Callable[[Scope], set[str]]) -> None:
+    """allowed_methods: the methods the routes at a request's path take, for the Allow header of a 405."""
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
         return error_response(exc.status, exc.kind, exc.message)
@@ -129,8 +153,12 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return validation_error_response(exc)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:  # Starlette's Allow names the methods of one route; a path may have several
+            allow = ", ".join(sorted(allowed_methods(request.scope)))
+            return error_response(405, "method_not_allowed", f"this endpoint takes {allow}, not {request.method}: "
+                                                             "see /docs", {"Allow": allow})
         return http_error_response(exc)
 
     async def on_anything_else(_: Request, exc: Exception) -> JSONResponse:

@@ -7,22 +7,25 @@ from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 import anyio
+from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Send
 
 from ..errors import MemshelfError
-from ._errors import KEY_HINT, error_response, memshelf_error_response
+from ._errors import KEY_HINT, UNAUTHORIZED, error_response, memshelf_error_response
 
 if TYPE_CHECKING:
     from ..shelf import Shelf
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "ApiKeyAuth", "BodyLimit", "bearer_secret", "body_limit_for"]
+__all__ = ["MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MCP_PATH", "ApiKeyAuth", "BodyLimit", "bearer_secret",
+           "body_limit_for", "is_mcp"]
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body (1 MiB). Larger ones get 413; split a big batch into several requests."""
 MAX_IMPORT_BYTES = 64 << 20
 """Largest body of POST .../import (64 MiB of JSON Lines). Split bigger exports: importing is idempotent."""
-_PROTECTED = ("/v1/", "/mcp")
+MCP_PATH = "/mcp"
+_PROTECTED = ("/v1/", MCP_PATH)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -37,7 +40,8 @@ def bearer_secret(headers: Headers) -> str | None:
 class ApiKeyAuth:
     """Authenticates every request under /v1/ and /mcp before anything reads its body.
 
-    The live key is put in the request state (`request.state.memshelf_key`); routes decide what it may do.
+    The live key is put in the request state (`request.state.memshelf_key`); routes decide what it may do. A 401
+    carries the WWW-Authenticate challenge, and at /mcp its body is a JSON-RPC error too, which MCP clients report.
     """
 
     def __init__(self, app: ASGIApp, shelf: Shelf) -> None:
@@ -49,19 +53,29 @@ class ApiKeyAuth:
             return
         secret = bearer_secret(Headers(scope=scope))
         if secret is None:
-            await error_response(401, "unauthorized", f"missing API key: {KEY_HINT}")(scope, receive, send)
+            await self._refuse(scope, f"missing API key: {KEY_HINT}")(scope, receive, send)
             return
         try:
             key = await anyio.to_thread.run_sync(self.shelf.authenticate, secret)
         except MemshelfError as exc:
-            await memshelf_error_response(exc)(scope, receive, send)
+            await memshelf_error_response(exc, rpc=is_mcp(scope))(scope, receive, send)
             return
         if key is None:
-            await error_response(401, "unauthorized", "wrong or revoked API key: check the key you send, or "
-                                                      + KEY_HINT)(scope, receive, send)
+            message = f"wrong or revoked API key: check the key you send, or {KEY_HINT}"
+            await self._refuse(scope, message, 'error="invalid_token"')(scope, receive, send)
             return
         scope.setdefault("state", {})["memshelf_key"] = key
         await self.app(scope, receive, send)
+
+    @staticmethod
+    def _refuse(scope: Scope, message: str, challenge: str = "") -> JSONResponse:
+        headers = {"WWW-Authenticate": f"{UNAUTHORIZED}, {challenge}" if challenge else UNAUTHORIZED}
+        return error_response(401, "unauthorized", message, headers, rpc=is_mcp(scope))
+
+
+def is_mcp(scope: Scope) -> bool:
+    """Whether a request is for the MCP endpoint, whose errors are JSON-RPC errors too."""
+    return scope["path"].startswith(MCP_PATH)
 
 
 class Unread(enum.Enum):
@@ -114,7 +128,7 @@ class BodyLimit:
     async def _too_large(limit: int, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(413, "payload_too_large",
                                   f"the request body is over the limit of {limit:,} bytes: split it into smaller "
-                                  "requests (e.g. several batches)", {"Connection": "close"})
+                                  "requests (e.g. several batches)", {"Connection": "close"}, rpc=is_mcp(scope))
         await response(scope, receive, send)
 
 

@@ -18,11 +18,11 @@ from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, F
                      Message, Mode)
 from ..stores.base import ApiKey, Erased
 
-__all__ = ["MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "SCRUB_PENDING_HEADER", "BatchIn", "ContextIn",
-           "ContextOut", "ErasedOut", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut",
-           "LearnIn", "MemoryIn", "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut",
-           "PromptIn", "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict", "TurnIn", "UsageOut",
-           "erased_response", "fields_of"]
+__all__ = ["DECLARED_SOURCES", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
+           "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut", "FactChangeOut", "FactIn",
+           "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "LearnIn", "MemoryIn", "MemoryOut", "MessageIn",
+           "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut", "PromptIn", "PromptOut", "ProposalOut", "SearchIn",
+           "SearchOut", "Strict", "TurnIn", "UsageOut", "erased_response", "fields_of"]
 
 MAX_SEARCH_LIMIT = 100
 MAX_BATCH = 1_000
@@ -36,11 +36,28 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Text = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
-Topic = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS, examples=["network"])]
+# The rules memshelf checks (model.py), spelled out for the schema so that it allows what the server accepts. They
+# are documented, not enforced, here: memshelf's own check says what is wrong in plainer words than a regex.
+_SPACE = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+"""What str.strip() removes (str.isspace()); JSON Schema's \\s is ECMA-262's, another set."""
+IDENTIFIER = {"pattern": rf"^[^\x00-\x1f\x7f]*[^{_SPACE}\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"}
+"""A tenant or user: no control characters, not only spaces."""
+TEXT = {"pattern": rf"^[^\x00]*[^{_SPACE}\x00][^\x00]*$"}
+"""Stored text (content, topic, thread, role, fact key and value): no NUL, not only spaces."""
+NO_NUL = {"pattern": r"^[^\x00]*$"}
+NOT_BLANK = {"pattern": rf"[^{_SPACE}]"}
+"""An id: anything but only spaces."""
+DECLARED_SOURCES = "x-memshelf-declared-sources"
+"""Marks a request's `source`: create_app puts the sources the server declares there, as the enum."""
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS, json_schema_extra=TEXT)]
+Topic = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS, examples=["network"], json_schema_extra=TEXT)]
 SourceName = Annotated[str, Field(min_length=1, max_length=64, examples=["stated"],
-                                  description="provenance: stated (1.0), mined (0.6), inferred (0.4) or one the "
-                                              "server declares")]
+                                  json_schema_extra={DECLARED_SOURCES: True},
+                                  description="provenance, one of the sources this server declares: stated (1.0), "
+                                              "mined (0.6), inferred (0.4) and any it was told of; the source "
+                                              "sets the confidence")]
+Role = Annotated[str, Field(min_length=1, max_length=64, examples=["user"], json_schema_extra=TEXT)]
 Seconds = Annotated[float, Field(gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
 SearchLimit = Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)]
 
@@ -125,7 +142,7 @@ class ContextOut(BaseModel):
 
 class PromptIn(Strict):
     base_prompt: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
-    user_text: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+    user_text: Annotated[str, Field(max_length=MAX_CONTENT_CHARS, json_schema_extra=NO_NUL)]
     mode: Mode = "auto"
     limit: SearchLimit = 3
 
@@ -135,7 +152,7 @@ class PromptOut(BaseModel):
 
 
 class FactIn(Strict):
-    value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)]
+    value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS, json_schema_extra=TEXT)]
     source: SourceName = "stated"
 
 
@@ -152,7 +169,7 @@ class FactChangeOut(Out):
 
 class MessageIn(Strict):
     thread: Topic
-    role: Annotated[str, Field(min_length=1, max_length=64, examples=["user"])]
+    role: Role
     content: Text
     ttl: Seconds | None = Field(None, description="seconds to keep it; default: the server's message retention")
 
@@ -171,8 +188,7 @@ def _utc(at: datetime | None) -> datetime | None:
 
 
 class TurnIn(Strict):
-    role: Annotated[str, Field(min_length=1, max_length=64, examples=["user"],
-                               description="only the user's own turns say anything about the user")]
+    role: Annotated[Role, Field(description="only the user's own turns say anything about the user")]
     content: Text
     id: Annotated[str | None, Field(max_length=200, description="a message id; proposals cite it as evidence")] = None
     at: Annotated[AwareDatetime | None, AfterValidator(_utc),
@@ -224,9 +240,11 @@ class ImportOut(BaseModel):
 
 
 class KeyIn(Strict):
-    tenant: Annotated[str | None, Field(max_length=200, description="the tenant the key is bound to; "
-                                                                    "null makes an admin key")]
-    name: Annotated[str, Field(max_length=MAX_TOPIC_CHARS)] = ""
+    tenant: Annotated[str | None, Field(max_length=200, json_schema_extra=IDENTIFIER, description=(
+        "the tenant the key is bound to; null makes an admin key"))]
+    name: Annotated[str, Field(max_length=MAX_TOPIC_CHARS, json_schema_extra={
+        "pattern": rf"^([^\x00]*[^{_SPACE}\x00][^\x00]*)?$"}, description="empty, or text that is not only "
+                                                                        "spaces")] = ""
 
 
 @fields_of(ApiKey)

@@ -7,11 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 
 from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, page_of
-from .._schemas import ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
+from .._schemas import IDENTIFIER, NOT_BLANK, ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["admin"])
+
+KeyId = Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]
+TenantPath = Annotated[str, Path(max_length=200, json_schema_extra=IDENTIFIER)]
+TenantQuery = Annotated[str | None, Query(max_length=200, json_schema_extra=IDENTIFIER)]
 
 
 @router.post("/v1/admin/keys", status_code=201)
@@ -23,19 +27,19 @@ def create_key(_: AdminDep, shelf: ShelfDep, body: KeyIn) -> NewKeyOut:
 
 @router.get("/v1/admin/keys")
 def list_keys(_: AdminDep, shelf: ShelfDep, limit: ListLimit = 100, cursor: Cursor = None,
-              tenant: Annotated[str | None, Query(max_length=200)] = None) -> Page[KeyOut]:
+              tenant: TenantQuery = None) -> Page[KeyOut]:
     items, next_cursor = page_of(shelf.list_keys(tenant), limit, cursor)
     return Page[KeyOut](items=[KeyOut.of(k) for k in items], next_cursor=next_cursor)
 
 
 @router.delete("/v1/admin/keys/{key_id}", status_code=204)
-def revoke_key(_: AdminDep, shelf: ShelfDep, key_id: Annotated[str, Path(max_length=200)]) -> Response:
+def revoke_key(_: AdminDep, shelf: ShelfDep, key_id: KeyId) -> Response:
     shelf.revoke_key(key_id)
     return Response(status_code=204)
 
 
 @router.delete("/v1/admin/tenants/{tenant}")
-def forget_tenant(_: AdminDep, shelf: ShelfDep, tenant: Annotated[str, Path(max_length=200)]) -> ErasedOut:
+def forget_tenant(_: AdminDep, shelf: ShelfDep, tenant: TenantPath) -> ErasedOut:
     """Erase every user of a tenant."""
     return ErasedOut.of(shelf.forget_tenant(tenant))
 

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Path, Response
 
 from ...model import MAX_FACT_KEY_CHARS
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, page_of
-from .._schemas import FactChangeOut, FactIn, FactOut, Page, erased_response
+from .._schemas import TEXT, FactChangeOut, FactIn, FactOut, Page, erased_response
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["facts"])
 
-FactKey = Annotated[str, Path(min_length=1, max_length=MAX_FACT_KEY_CHARS)]
+FactKey = Annotated[str, Path(min_length=1, max_length=MAX_FACT_KEY_CHARS, json_schema_extra=TEXT)]
 
 
 @router.get("/v1/users/{user}/facts")

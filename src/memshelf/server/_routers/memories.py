@@ -7,13 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
-from .._schemas import BatchIn, MemoryIn, MemoryOut, Page, erased_response
+from .._schemas import NOT_BLANK, BatchIn, MemoryIn, MemoryOut, Page, erased_response
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["memories"])
 
-MemoryId = Annotated[str, Path(max_length=200)]
+MemoryId = Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]
 
 
 @router.post("/v1/users/{user}/memories", status_code=201)

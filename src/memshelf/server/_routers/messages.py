@@ -8,11 +8,14 @@ from fastapi import APIRouter, Path, Query
 
 from ...model import MAX_TOPIC_CHARS
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
-from .._schemas import ErasedOut, MessageIn, MessageOut, Page
+from .._schemas import TEXT, ErasedOut, MessageIn, MessageOut, Page
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["messages"])
+
+ThreadQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_TOPIC_CHARS, json_schema_extra=TEXT)]
+ThreadPath = Annotated[str, Path(min_length=1, max_length=MAX_TOPIC_CHARS, json_schema_extra=TEXT)]
 
 
 @router.post("/v1/users/{user}/messages", status_code=201)
@@ -24,16 +27,14 @@ def log_message(owner: OwnerDep, shelf: ShelfDep, body: MessageIn) -> MessageOut
 
 @router.get("/v1/users/{user}/messages")
 def list_messages(owner: OwnerDep, shelf: ShelfDep, limit: ListLimit = 50, cursor: Cursor = None,
-                  thread: Annotated[str | None, Query(min_length=1, max_length=MAX_TOPIC_CHARS)] = None
-                  ) -> Page[MessageOut]:
+                  thread: ThreadQuery = None) -> Page[MessageOut]:
     """The user's messages (of one thread, or all), newest first, one page at a time."""
     items, next_cursor = shelf.list_messages(owner, thread, limit=limit, cursor=cursor)
     return Page[MessageOut](items=[MessageOut.of(m) for m in items], next_cursor=next_cursor)
 
 
 @router.delete("/v1/users/{user}/threads/{thread}")
-def forget_thread(owner: OwnerDep, shelf: ShelfDep,
-                  thread: Annotated[str, Path(min_length=1, max_length=MAX_TOPIC_CHARS)],
+def forget_thread(owner: OwnerDep, shelf: ShelfDep, thread: ThreadPath,
                   cascade: Annotated[bool, Query(description="also erase the memories and facts learned only from "
                                                              "this thread")] = False) -> ErasedOut:
     """Erase a thread: its messages and its learning watermark; with cascade, also what was learned only from it
