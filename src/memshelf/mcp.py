@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .errors import MemshelfError
 from .learning.base import Plan, Proposal
 from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Memory,
-                    Message, Owner)
+                    Message, Owner, ROLES)
 from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem
 from .shelf import Shelf
 
@@ -135,8 +135,8 @@ class Forgotten(BaseModel):
     scrub_pending: bool = False  # gone from every read; a copy may stay in the database's files a while
 
 
-Role = Annotated[str, Field(min_length=1, max_length=64, description="user, assistant or tool: only the user's own "
-                                                                      "turns teach anything")]
+Role = Annotated[str, Field(min_length=1, max_length=64, description=f"who said it, one of {', '.join(ROLES)}: only "
+                                                                      "the user's own turns teach anything")]
 Said = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS, description="what was said")]
 
 

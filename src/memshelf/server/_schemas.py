@@ -15,7 +15,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..learning.base import Plan, Proposal, Usage
 from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
-                     Message, Mode)
+                     Message, Mode, ROLES)
 from ..stores.base import ApiKey, Erased
 
 __all__ = ["DECLARED_SOURCES", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
@@ -57,7 +57,10 @@ SourceName = Annotated[str, Field(min_length=1, max_length=64, examples=["stated
                                   description="provenance, one of the sources this server declares: stated (1.0), "
                                               "mined (0.6), inferred (0.4) and any it was told of; the source "
                                               "sets the confidence")]
-Role = Annotated[str, Field(min_length=1, max_length=64, examples=["user"], json_schema_extra=TEXT)]
+ROLE = {"pattern": rf"^[{_SPACE}]*(?:{'|'.join(''.join(f'[{c.upper()}{c}]' for c in r) for r in ROLES)})[{_SPACE}]*$"}
+"""One of the chat roles, in any case (JSON Schema's patterns have no flag for that), as check_role accepts it."""
+Role = Annotated[str, Field(min_length=1, max_length=64, examples=["user"], json_schema_extra=ROLE,
+                            description=f"who said it: {', '.join(ROLES)}")]
 Seconds = Annotated[float, Field(gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
 SearchLimit = Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)]
 
