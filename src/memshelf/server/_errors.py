@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +28,17 @@ __all__ = ["ERROR_RESPONSES", "KEY_HINT", "ApiError", "ErrorBody", "ErrorOut", "
            "validation_error_response"]
 
 log = logging.getLogger("memshelf.server")
+
+ADVICE = {
+    "memory_id": "list the user's memory ids with GET /v1/users/{user}/memories",
+    "fact_key": "list the user's facts with GET /v1/users/{user}/facts",
+    "key_id": "list the keys with GET /v1/admin/keys",
+    "source": "use a declared source; a new one is declared where the server is started, e.g. "
+              "MEMSHELF_SOURCES={subject}=0.8",
+    "embedder": "this server has no embedder: send \"mode\": \"keyword\", or have the server started with "
+                "MEMSHELF_EMBEDDER=local",
+}
+"""What to do about an error, in the HTTP API's terms, by the error's `fix` (memshelf.errors)."""
 
 KEY_HINT = "create one with `memshelf keys create --tenant NAME` and send it as `Authorization: Bearer <key>`"
 """What a request without a usable API key should do next."""
@@ -77,11 +89,13 @@ def error_response(status: int, kind: str, message: str, headers: dict[str, str]
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
 
 
-def memshelf_error_response(exc: MemshelfError) -> JSONResponse:
+def memshelf_error_response(exc: MemshelfError, user: str | None = None) -> JSONResponse:
+    """The error's answer, its advice in the API's terms; `user` is the path's, for the routes advice names."""
     status, kind = next((s, k) for cls, s, k in _STATUS_OF if isinstance(exc, cls))
     if status >= 500:
         log.warning("%s: %s", type(exc).__name__, exc)
-    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None)
+    message = exc.in_terms(ADVICE, user="{user}" if user is None else quote(user, safe=""))
+    return error_response(status, kind, message, {"Retry-After": "1"} if status == 503 else None)
 
 
 def _validation_message(errors: Sequence[dict[str, Any]]) -> str:
@@ -121,9 +135,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, ApiError)
         return error_response(exc.status, exc.kind, exc.message)
 
-    async def on_memshelf_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_memshelf_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, MemshelfError)
-        return memshelf_error_response(exc)
+        return memshelf_error_response(exc, request.path_params.get("user"))
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
