@@ -92,7 +92,7 @@ def test_forget_user_purge_and_facts_history(tmp_path):
     history = json.loads(ok(tmp_path, "--json", "facts", "--history", "user_name").stdout)
     assert [h["value"] for h in history] == ["Kal", "Kaleb"]
     ok(tmp_path, "remember", "t", "short lived", "--ttl", "0.001")
-    assert "purged 1 memories" in ok(tmp_path, "purge").stdout
+    assert "purged 1 memory, 0 messages" in ok(tmp_path, "purge").stdout
     erased = json.loads(ok(tmp_path, "--json", "forget-user", "--yes").stdout)
     assert erased["facts"] == 1 and erased["fact_changes"] == 2
 
@@ -108,7 +108,7 @@ def test_keys(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["remember", "t", ""], "empty"),
-    (["remember", "t", "x", "--source", "gossip"], "Declare it first"),
+    (["remember", "t", "x", "--source", "gossip"], "--sources gossip=0.8"),
     (["search", "printer", "--limit", "0"], "limit"),
     (["search", "printer", "--mode", "semantic"], "needs an embedder"),
     (["forget", "m_0000"], "no memory"),
@@ -238,7 +238,7 @@ def test_forget_thread_without_cascade_keeps_what_was_learned(tmp_path):
     ok(tmp_path, "log", "t2", "user", "I live in Porto.")
     ok(tmp_path, "learn", "--thread", "t2")
     assert ok(tmp_path, "forget-thread", "t2").stdout.startswith("erased 0 memories, 0 facts, 0 fact_changes, "
-                                                                 "1 messages")
+                                                                 "1 message")
     assert json.loads(ok(tmp_path, "--json", "messages", "t2").stdout) == []
     assert "home_city: Porto" in ok(tmp_path, "facts").stdout
 

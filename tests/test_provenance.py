@@ -389,7 +389,7 @@ def test_a_mistyped_source_gets_the_declared_one_it_most_likely_meant(typed, mea
     """The error for an unknown source names the declared source a typo most likely meant (case, spaces, a letter)."""
     from memshelf.model import Sources
 
-    with pytest.raises(UnknownSource, match=f"unknown source {typed!r}: did you mean {meant!r}\\?"):
+    with pytest.raises(UnknownSource, match=f"unknown source {typed!r} \\(did you mean {meant!r}\\?"):
         Sources({"sensor": 0.8}).confidence(typed)
 
 
@@ -398,4 +398,4 @@ def test_an_unrelated_source_gets_no_guess():
 
     with pytest.raises(UnknownSource) as caught:
         Sources().confidence("gossip")
-    assert "did you mean" not in str(caught.value) and "Declare it first" in str(caught.value)
+    assert "did you mean" not in str(caught.value) and "declare a new source first" in str(caught.value)

@@ -31,7 +31,7 @@ from .embedders.base import embedder_availability, registered_providers
 from .errors import ExtractorError, InvalidInput, MemshelfError
 from .keywords import keywords
 from .learning.base import Extractor, Plan, Proposal, resolve_extractor
-from .model import MODES, FactChange, Memory, Owner
+from .model import MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, counted, sources_from_text
 from .shelf import Shelf
 from .stores.base import Erased
 
@@ -76,15 +76,34 @@ def dim(text: str) -> Text:
     return Text(text, style="dim")
 
 
+ADVICE = {
+    "memory_id": "list ids with `memshelf list` (or `memshelf search QUESTION --explain`)",
+    "fact_key": "list them with `memshelf facts`",
+    "key_id": "list them with `memshelf keys list`",
+    "source": "declare it and its worth (above 0, at most 1) with --sources {subject}=0.8 or MEMSHELF_SOURCES",
+    "embedder": "pass --embedder local (or ollama:MODEL, openai:MODEL), or --mode keyword",
+    "backfill": "give the new model a distinct name (--embedder PROVIDER:NAME), then run `memshelf backfill`",
+}
+"""What to do about an error, in the CLI's terms, by the error's `fix` (memshelf.errors)."""
+
+
 class Settings:
     def __init__(self, db: str | None, tenant: str | None, user: str | None, embedder: str | None,
-                 as_json: bool) -> None:
+                 sources: str | None, as_json: bool) -> None:
         self.db, self.tenant, self.user, self.embedder, self.as_json = db, tenant, user, embedder, as_json
+        self.sources = sources
+
+    def options(self) -> dict[str, Any]:
+        """Shelf.open's options that memshelf's own options set (the rest come from MEMSHELF_* variables)."""
+        options: dict[str, Any] = {}
+        if self.embedder is not None:
+            options["embedder"] = self.embedder
+        if self.sources is not None:
+            options["sources"] = sources_from_text(self.sources, "--sources")
+        return options
 
     def open(self, **options: Any) -> Shelf:
-        if self.embedder is not None:
-            options.setdefault("embedder", self.embedder)
-        return Shelf.open(self.db, **options)
+        return Shelf.open(self.db, **(self.options() | options))
 
     def owner(self) -> Owner:
         if not self.tenant or not self.user:
@@ -106,9 +125,11 @@ def main_options(
     tenant: str | None = typer.Option(None, "--tenant", envvar="MEMSHELF_TENANT", help="Owner's tenant."),
     user: str | None = typer.Option(None, "--user", envvar="MEMSHELF_USER", help="Owner's user."),
     embedder: str | None = typer.Option(None, "--embedder", envvar="MEMSHELF_EMBEDDER", help=_embedder_help()),
+    sources: str | None = typer.Option(None, "--sources", help="Sources to declare beside stated, mined and "
+                                       f"inferred, as NAME=WORTH pairs: {SOURCES_EXAMPLE} [env: MEMSHELF_SOURCES]"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    ctx.obj = Settings(db, tenant, user, embedder, as_json)
+    ctx.obj = Settings(db, tenant, user, embedder, sources, as_json)
 
 
 def _settings(ctx: typer.Context) -> Settings:
@@ -141,12 +162,11 @@ def _shelf(ctx: typer.Context, **options: Any) -> Iterator[Shelf]:
         shelf.close()
 
 
-def _say_search_mode(result: Any, shelf: Shelf) -> None:
+def _say_search_mode(shelf: Shelf) -> None:
+    """Say that search is by keywords only when no embedder is set. An embedder out of reach is said once, by the
+    library's warning (on stderr, as Python prints a warning no handler takes)."""
     if shelf.embedder is None:
         err.print(dim("keyword search only: no embedder configured (--embedder local|ollama:MODEL|openai:MODEL)"))
-    elif result.degraded:
-        err.print(Text.assemble(("embedder unavailable, fell back to keyword search: ", "yellow"),
-                                plain(result.reason)))
 
 
 # ---------------------------------------------------------------- knowledge
@@ -211,9 +231,10 @@ def search(ctx: typer.Context, question: str,
                         "hits": [{"memory": h.memory, "score": h.score, "retriever": h.retriever,
                                   "details": dict(h.details)} for h in result]})
             return
-        _say_search_mode(result, shelf)
+        _say_search_mode(shelf)
     if not result:
-        err.print("no matches")
+        err.print("no matches" + (f"; {counted(result.unembedded, 'memories')} of yours not embedded yet cannot be "
+                                  "found by meaning: run `memshelf backfill`" if result.unembedded else ""))
         return
     table = Table(show_header=explain, box=None)
     table.add_column("conf")
@@ -469,7 +490,7 @@ def forget_tenant(ctx: typer.Context, tenant: str,
 
 def _print_erased(s: Settings, erased: Erased) -> None:
     _emit_json(erased.as_dict()) if s.as_json else out.print(
-        "erased " + ", ".join(f"{n} {kind}" for kind, n in erased.as_dict().items() if kind != "scrub_pending")
+        "erased " + ", ".join(counted(int(n), kind) for kind, n in erased.as_dict().items() if kind != "scrub_pending")
         + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
@@ -491,7 +512,7 @@ def purge(ctx: typer.Context) -> None:
     with _shelf(ctx) as shelf:
         erased = shelf.purge_expired()
     _emit_json(erased.as_dict()) if s.as_json else out.print(
-        f"purged {erased.memories} memories, {erased.messages} messages"
+        f"purged {counted(erased.memories, 'memories')}, {counted(erased.messages, 'messages')}"
         + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
@@ -510,7 +531,7 @@ def backfill(ctx: typer.Context, batch_size: int = typer.Option(64, help="Memori
         task = bar.add_task(f"embedding with {shelf.embedder.model}", total=None)
         done = shelf.backfill(batch_size=batch_size,
                               progress=lambda n, total: bar.update(task, completed=n, total=total))
-    _emit_json({"embedded": done}) if s.as_json else out.print(f"embedded {done} memories")
+    _emit_json({"embedded": done}) if s.as_json else out.print(f"embedded {counted(done, 'memories')}")
 
 
 @app.command()
@@ -548,7 +569,7 @@ def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON L
     with _shelf(ctx) as shelf:  # the configured embedder: it checks the length of vectors stamped with its model
         counts = shelf.import_(s.owner(), records)
     _emit_json(counts) if s.as_json else out.print(
-        "imported " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+        "imported " + ", ".join(counted(n, kind) for kind, n in counts.items()))
 
 
 @app.command()
@@ -588,7 +609,8 @@ def serve(ctx: typer.Context, host: str = typer.Option("127.0.0.1", help="Addres
         raise MemshelfError(f"--port {port} is not a TCP port: pass one from 1 to 65535, such as 8077")
     if workers < 1:
         raise MemshelfError(f"--workers {workers}: pass 1 or more worker processes")
-    run_server(host=host, port=port, workers=workers, db=s.db, embedder=s.embedder)
+    run_server(host=host, port=port, workers=workers, db=s.db, embedder=s.embedder,
+               sources=s.options().get("sources"))
 
 
 @app.command()
@@ -695,9 +717,7 @@ def demo(ctx: typer.Context) -> None:
 
 @contextmanager
 def _shelf_for_demo(ctx: typer.Context, path: str) -> Iterator[Shelf]:
-    s = _settings(ctx)
-    options: dict[str, Any] = {} if s.embedder is None else {"embedder": s.embedder}
-    shelf = Shelf.open(path, **options)
+    shelf = Shelf.open(path, **_settings(ctx).options())
     try:
         yield shelf
     finally:
@@ -783,7 +803,8 @@ def _demo_learn(shelf: Shelf, turns: tuple[str, ...]) -> tuple[Proposal, ...]:
     return plan.applied
 
 
-_GLOBAL_OPTIONS = {"--db": True, "--tenant": True, "--user": True, "--embedder": True, "--json": False}
+_GLOBAL_OPTIONS = {"--db": True, "--tenant": True, "--user": True, "--embedder": True, "--sources": True,
+                   "--json": False}
 """The options of `memshelf` itself, and whether each takes a value."""
 
 
@@ -827,11 +848,13 @@ def hoisted(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """Entry point: run the app, turning memshelf's errors into one line and exit status 1."""
+    """Entry point: run the app, turning memshelf's errors into one line (their advice in the CLI's terms) and
+    exit status 1."""
     try:
         app(args=hoisted(sys.argv[1:]), prog_name="memshelf")
     except MemshelfError as exc:
-        err.print(Text.assemble(("error:", "red"), " ", plain(exc)))  # one line, however long (soft_wrap)
+        message = exc.in_terms(ADVICE)
+        err.print(Text.assemble(("error:", "red"), " ", plain(message)))  # one line, however long (soft_wrap)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -256,7 +256,7 @@ def _optional(record: Mapping[str, Any], name: str, check: Callable[[Any], _T]) 
     try:
         return check(value)
     except InvalidInput as exc:
-        raise type(exc)(f"field {name!r}: {exc}") from exc
+        raise exc.within(f"field {name!r}: ") from exc
 
 
 def _record_id(kind: str) -> Callable[[object], str]:

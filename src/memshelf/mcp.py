@@ -33,8 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import MemshelfError
 from .learning.base import Plan, Proposal
-from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Hit, Memory,
-                    Message, Owner, ROLES)
+from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, SOURCES_EXAMPLE, Fact,
+                    Hit, Memory, Message, Owner, ROLES, sources_from_text)
 from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem
 from .shelf import Shelf
 
@@ -376,12 +376,21 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
     return MCPServer("memshelf", instructions=INSTRUCTIONS, version=_version(), log_level="WARNING", tools=tools)
 
 
+ADVICE = {
+    "memory_id": "call memories (or recall) for the ids",
+    "fact_key": "call facts for the keys",
+    "source": "use a declared source; a new one is declared where the memshelf MCP server is started, e.g. "
+              "MEMSHELF_SOURCES={subject}=0.8",
+}
+"""What to do about an error, in the tools' terms, by the error's `fix` (memshelf.errors)."""
+
+
 def _call(action: Callable[[], T]) -> T:
     """Run a Shelf verb; memshelf's errors become tool errors the model can read and act on."""
     try:
         return action()
     except MemshelfError as exc:
-        raise ToolError(str(exc)) from exc
+        raise ToolError(exc.in_terms(ADVICE)) from exc
 
 
 def _version() -> str:
@@ -412,17 +421,25 @@ def owner_from(tenant: str | None, user: str | None) -> Owner:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m memshelf.mcp --db PATH --tenant T --user U [--embedder none]`."""
+    """`python -m memshelf.mcp --db PATH --tenant T --user U [--embedder none] [--sources crm=0.5]`."""
     parser = argparse.ArgumentParser(prog="memshelf mcp", description="Serve memshelf's MCP tools over stdio.")
     parser.add_argument("--db", help="SQLite file or postgresql:// URL (default MEMSHELF_DATABASE_URL/MEMSHELF_DB)")
     parser.add_argument("--tenant", help="tenant of the owner (default MEMSHELF_TENANT)")
     parser.add_argument("--user", help="user of the owner (default MEMSHELF_USER)")
     parser.add_argument("--embedder", help="local, ollama:<model>, openai:<model> or none (default "
                                            "MEMSHELF_EMBEDDER, else local when installed)")
+    parser.add_argument("--sources", help=f"sources to declare beside stated, mined and inferred, as NAME=WORTH "
+                                          f"pairs: {SOURCES_EXAMPLE} (default MEMSHELF_SOURCES)")
     args = parser.parse_args(argv)
     owner = owner_from(args.tenant, args.user)
-    options = {} if args.embedder is None else {"embedder": args.embedder}
-    with Shelf.open(args.db, **options) as shelf:
+    options: dict[str, Any] = {} if args.embedder is None else {"embedder": args.embedder}
+    try:
+        if args.sources is not None:
+            options["sources"] = sources_from_text(args.sources, "--sources")
+        shelf = Shelf.open(args.db, **options)
+    except MemshelfError as exc:
+        parser.exit(2, f"memshelf mcp: error: {exc}\n")
+    with shelf:
         run_stdio(shelf, owner)
 
 

@@ -10,7 +10,7 @@ from typing import Literal, TypeVar, get_args
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 
-from .errors import InvalidInput, UnknownSource
+from .errors import ConfigError, InvalidInput, UnknownSource
 
 # Provenance decides confidence; callers never pass a float (spec 000).
 BUILTIN_SOURCES: Mapping[str, float] = {"stated": 1.0, "mined": 0.6, "inferred": 0.4}
@@ -98,10 +98,9 @@ class Sources(Mapping[str, float]):
             known = ", ".join(f"{k}={v}" for k, v in self._table.items())
             guess = self._near(source)
             hint = f"did you mean {guess!r}? " if guess else ""
-            raise UnknownSource(
-                f"unknown source {source!r}: {hint}declared sources are {known}. "
-                f"Declare it first, e.g. Shelf.open(..., sources={{{source!r}: 0.8}})"
-            )
+            raise UnknownSource(f"unknown source {source!r} ({hint}declared: {known})",
+                                f"declare a new source first, e.g. Shelf.open(..., sources={{{source!r}: 0.8}})",
+                                fix="source", subject=str(source))
         return self._table[source]
 
     def _near(self, source: object) -> str | None:
@@ -122,6 +121,31 @@ class Sources(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._table)
+
+
+SOURCES_EXAMPLE = "imported=0.7,crm=0.5"
+
+
+def sources_from_text(text: str, where: str) -> dict[str, float]:
+    """Sources declared as text, NAME=WORTH pairs separated by commas (SOURCES_EXAMPLE), as MEMSHELF_SOURCES and
+    the faces' --sources options take them; `where` names the setting in errors. Empty text declares none."""
+    fix = f"write NAME=WORTH pairs separated by commas, with WORTH in (0, 1], e.g. {SOURCES_EXAMPLE}"
+    declared: dict[str, float] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, worth = (part.strip() for part in pair.partition("="))
+        if not equals or not name:
+            raise ConfigError(f"{where}: {pair!r} is not NAME=WORTH", fix)
+        if name in declared:
+            raise ConfigError(f"{where}: source {name!r} is declared twice", "declare each source once")
+        try:
+            declared[name] = float(worth)
+        except ValueError:
+            raise ConfigError(f"{where}: the worth of {name!r} is {worth!r}, not a number", fix) from None
+    try:
+        Sources(declared)
+    except InvalidInput as exc:
+        raise ConfigError(f"{where}: {exc}", fix) from None
+    return declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,14 +238,17 @@ class Hit:
 
 
 class SearchResult(list[Hit]):
-    """The hits of one search, best first. `degraded` is True when meaning search was wanted but unavailable."""
+    """The hits of one search, best first. `degraded` is True when meaning search was wanted but unavailable.
+    `unembedded` counts the owner's memories a search by meaning alone could not see, having no vector of the
+    embedder's model yet (counted only when it found fewer than asked): backfill gives them one."""
 
     def __init__(self, hits: list[Hit] = (), *, mode: str = "keyword", degraded: bool = False,  # type: ignore[assignment]
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, unembedded: int = 0) -> None:
         super().__init__(hits)
         self.mode = mode
         self.degraded = degraded
         self.reason = reason
+        self.unembedded = unembedded
 
 
 @dataclass(slots=True)
@@ -240,18 +267,37 @@ class NewMemory:
     """The vectors of a long text's later pieces, of embed_model (`vector` is its first piece's)."""
 
 
+_EMPTY_ADVICE = {"question": "pass the words to search for", "fact key": "pass a name such as 'user_name'",
+                 "thread": "pass a name such as 'kitchen'", "role": "pass who spoke, such as user or assistant",
+                 "key name": "pass a label such as 'ci', or none"}
+_LONG_ADVICE = {"question": "ask a shorter question", "fact key": "use a shorter key", "thread": "use a shorter name",
+                "fact value": "keep one short current value (a long text belongs in a memory, split into statements)",
+                "role": "use a short role such as user or assistant", "key name": "use a shorter label",
+                "topic": "use a short label such as 'network'"}
+"""What to do about an empty or too long text, by what it is; other texts are stored, and split."""
+
+
 def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:
     if not isinstance(value, str):
         raise InvalidInput(f"{kind} must be a string, got {type(value).__name__}: pass the text itself (str)")
     if not value.strip():
-        raise InvalidInput(f"{kind} is empty or only whitespace: pass the text to store")
+        raise InvalidInput(f"{kind} is empty or only whitespace", _EMPTY_ADVICE.get(kind, "pass the text to store"))
     if len(value) > limit:
-        raise InvalidInput(
-            f"{kind} is {len(value):,} characters; the limit is {limit:,}: split it into shorter statements"
-        )
+        raise InvalidInput(f"{kind} is {len(value):,} characters; the limit is {limit:,}",
+                           _LONG_ADVICE.get(kind, "split it into shorter statements"))
     if "\x00" in value:
         raise InvalidInput(f"{kind} contains a NUL character: remove it before storing")
     return check_encodable(kind, value)
+
+
+_SINGULAR = {"memories": "memory", "evidence": "evidence"}
+
+
+def counted(number: int, plural: str) -> str:
+    """'1 memory', '2 memories': a count with its noun (given in the plural, as record kinds are named)."""
+    if number != 1:
+        return f"{number:,} {plural}"
+    return f"1 {_SINGULAR.get(plural, plural.removesuffix('s'))}"
 
 
 def check_topic(topic: object) -> str:

@@ -27,7 +27,8 @@ from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_role, check_text,
-                    check_topic, check_ttl, check_when, missing_changes, resolve_expiry, utcnow)
+                    check_topic, check_ttl, check_when, counted, missing_changes, resolve_expiry, sources_from_text,
+                    utcnow)
 from ._retrieval import Candidate, fuse, order
 from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
 from .stores.tables import exported_kinds
@@ -46,6 +47,8 @@ DEFAULT_MESSAGE_TTL = timedelta(days=30)
 DEFAULT_DB = "memshelf.db"
 IMPORT_BATCH = 64
 MAX_BACKFILL_BATCH = 10_000
+MEMORY_ID_ADVICE = "check the id: list_memories() and search() return them"
+FACT_KEY_ADVICE = "list the keys with facts()"
 
 
 def _check_owner(owner: object) -> Owner:
@@ -101,6 +104,12 @@ def _open_floor(floor: object) -> float:
         return _check_floor(floor)
     except InvalidInput as exc:
         raise ConfigError(f"{exc}{where}") from None
+
+
+def _open_sources(sources: Mapping[str, float] | None) -> Mapping[str, float] | None:
+    if sources is None and os.environ.get("MEMSHELF_SOURCES", "").strip():
+        return sources_from_text(os.environ["MEMSHELF_SOURCES"], "MEMSHELF_SOURCES")
+    return sources
 
 
 def _open_message_ttl(message_ttl: object) -> timedelta | None:
@@ -200,14 +209,15 @@ class Shelf:
         then MEMSHELF_DB, then ./memshelf.db.
         embedder: "local", "ollama:<model>", "openai:<model>", an Embedder, or None for keyword search only;
         default MEMSHELF_EMBEDDER, else the offline local model when installed.
-        sources: extra provenance names and what each is worth, e.g. {"sensor": 0.8}.
+        sources: extra provenance names and what each is worth, e.g. {"sensor": 0.8}; default MEMSHELF_SOURCES
+        (e.g. "sensor=0.8,crm=0.5"), else only the built-in stated, mined and inferred.
         """
         path = _open_target(target)  # every setting is checked before anything is opened or created
         floor = _open_floor(floor)
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 100):
             raise ConfigError(f"budget must be a whole number of characters, at least 100, got {budget!r}")
         ttl = _open_message_ttl(message_ttl)
-        declared = Sources(sources)
+        declared = Sources(_open_sources(sources))
         resolved = resolve_embedder(default_embedder_spec() if embedder is _DEFAULT else embedder)
         store = open_store(path)
         return cls(store, embedder=resolved, sources=declared, floor=floor,
@@ -301,8 +311,8 @@ class Shelf:
             with embedding_deadline(write_timeout()):
                 return self._embed_in_pieces([m.content for m in todo])
         except EmbedderUnavailable as exc:
-            log.warning("embedder unavailable, storing %d memories without vectors (run backfill later): %s",
-                        len(todo), exc)
+            log.warning("embedder unavailable, storing %s without vectors (run backfill later): %s",
+                        counted(len(todo), "memories"), exc)
             return None
 
     def _embed_in_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -339,7 +349,7 @@ class Shelf:
     def get(self, owner: Owner, memory_id: str) -> Memory:
         found = self.store.get_memory(_check_owner(owner), self._check_id(memory_id), self.now())
         if found is None:
-            raise NotFound(f"no memory {memory_id!r} for {owner}: check the id with `memshelf search`")
+            raise NotFound(f"no memory {memory_id!r} for {owner}", MEMORY_ID_ADVICE, fix="memory_id")
         return found
 
     def list_memories(self, owner: Owner, *, limit: int = 50,
@@ -354,8 +364,8 @@ class Shelf:
     def forget(self, owner: Owner, memory_id: str) -> Erased:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
         if not self.store.delete_memory(_check_owner(owner), self._check_id(memory_id)):
-            raise NotFound(f"no memory {memory_id!r} for {owner}: nothing was deleted; check the id with "
-                           "`memshelf search`")
+            raise NotFound(f"no memory {memory_id!r} for {owner}", MEMORY_ID_ADVICE, fix="memory_id",
+                           after="; nothing was deleted")
         return Erased(memories=1, scrub_pending=self.store.scrub_pending)
 
     @staticmethod
@@ -390,8 +400,8 @@ class Shelf:
         if mode == "auto":
             mode = "hybrid" if self.embedder is not None else "keyword"
         if mode != "keyword" and self.embedder is None:
-            raise ConfigError(f"{mode} search needs an embedder: open the shelf with embedder='local' "
-                              "(or ollama:/openai:), or use mode='keyword'")
+            raise ConfigError(f"{mode} search needs an embedder", "open the shelf with embedder='local' "
+                              "(or ollama:/openai:), or use mode='keyword'", fix="embedder", subject=mode)
         now = self.now()
         terms = keywords(question, limit=MAX_QUERY_TERMS)
         if mode == "keyword":
@@ -405,13 +415,22 @@ class Shelf:
             result.degraded, result.reason = True, str(exc)
             return result
         if mode == "semantic":
-            found = self.store.vector_search(owner, self.embedder.model, query, limit, floor, now, view)  # type: ignore[union-attr]
-            return SearchResult([Hit(s.memory, s.score, "semantic") for s in found], mode="semantic")
+            return self._semantic(owner, query, limit, floor, now, view)
         return self._hybrid(owner, terms, query, limit, floor, now, view)
 
     def _keyword(self, owner: Owner, terms: list[str], limit: int, now: datetime, view: View) -> SearchResult:
         found = self.store.keyword_search(owner, terms, limit, now, by_confidence=True, view=view)
         return SearchResult([Hit(s.memory, s.score, "keyword") for s in found], mode="keyword")
+
+    def _semantic(self, owner: Owner, query: np.ndarray, limit: int, floor: float, now: datetime,
+                  view: View) -> SearchResult:
+        """Search by meaning alone. When it finds fewer than asked, it counts the memories it could not see (no
+        vector of this model yet), so an empty answer can say to run backfill."""
+        model = self.embedder.model  # type: ignore[union-attr]
+        found = self.store.vector_search(owner, model, query, limit, floor, now, view)
+        unembedded = self.store.count_unembedded(owner, model, now) if len(found) < limit else 0
+        return SearchResult([Hit(s.memory, s.score, "semantic") for s in found], mode="semantic",
+                            unembedded=unembedded)
 
     def _hybrid(self, owner: Owner, terms: list[str], query: np.ndarray, limit: int, floor: float,
                 now: datetime, view: View) -> SearchResult:
@@ -479,7 +498,7 @@ class Shelf:
         for fact in self.facts(owner):
             if fact.key == key:
                 return fact
-        raise NotFound(f"no fact {key!r} for {owner}: list them with `memshelf facts`")
+        raise NotFound(f"no fact {key!r} for {owner}", FACT_KEY_ADVICE, fix="fact_key")
 
     def fact_history(self, owner: Owner, key: str | None = None) -> list[FactChange]:
         key = None if key is None else check_text("fact key", key, MAX_FACT_KEY_CHARS)
@@ -488,7 +507,8 @@ class Shelf:
     def forget_fact(self, owner: Owner, key: str) -> Erased:
         """Erase a fact with its whole history. Counts only the fact: the store does not say how many changes went."""
         if not self.store.delete_fact(_check_owner(owner), check_text("fact key", key, MAX_FACT_KEY_CHARS)):
-            raise NotFound(f"no fact {key!r} for {owner}: list them with `memshelf facts`")
+            raise NotFound(f"no fact {key!r} for {owner}", FACT_KEY_ADVICE, fix="fact_key",
+                           after="; nothing was deleted")
         return Erased(facts=1, scrub_pending=self.store.scrub_pending)
 
     # ---------------------------------------------------------------- messages
@@ -622,8 +642,8 @@ class Shelf:
                 raise InvalidInput(f"import record {number} is nested too deeply to read: nothing was imported; "
                                    "fix the record or re-export") from None
             except InvalidInput as exc:
-                raise type(exc)(f"import record {number}: {exc}; nothing was imported (fix the record or "
-                                "re-export)") from exc
+                raise exc.within(f"import record {number}: ", "; nothing was imported (fix the record or "
+                                 "re-export)") from exc
         memories, blobs, pieces = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
         changes = missing_changes(batch.changes, self.store.fact_history(owner, None))
         evidence = missing_changes(batch.evidence, self.store.evidence(owner, None, None))
@@ -735,7 +755,7 @@ class Shelf:
 
     def revoke_key(self, key_id: str) -> None:
         if not self.store.revoke_key(self._check_id(key_id), self.now()):
-            raise NotFound(f"no live key {key_id!r}: list them with `memshelf keys list`")
+            raise NotFound(f"no live key {key_id!r}", "list the keys with list_keys()", fix="key_id")
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "embedder": self.embedder.model if self.embedder else None}

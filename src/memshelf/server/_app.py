@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from typing import TYPE_CHECKING, Any
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 from fastapi import FastAPI
 from starlette.routing import Match, Route
@@ -42,12 +42,12 @@ MCP (streamable HTTP) is at `/mcp`, one POST per message: the same key, and the 
 
 
 def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str | None = None,
-               embedder: Any = _UNSET, mcp: bool = True) -> FastAPI:
+               embedder: Any = _UNSET, sources: Mapping[str, float] | None = None, mcp: bool = True) -> FastAPI:
     """The FastAPI app. `shelf` is a Shelf (the caller closes it) or a factory; without one, the app opens
-    `Shelf.open(target, embedder=embedder)` with Shelf.open's defaults for what is not given (MEMSHELF_DATABASE_URL
-    or MEMSHELF_DB, MEMSHELF_EMBEDDER) and closes it at shutdown."""
+    `Shelf.open(target, embedder=embedder, sources=sources)` with Shelf.open's defaults for what is not given
+    (MEMSHELF_DATABASE_URL or MEMSHELF_DB, MEMSHELF_EMBEDDER, MEMSHELF_SOURCES) and closes it at shutdown."""
     owned = not isinstance(shelf, Shelf)
-    opened = shelf if isinstance(shelf, Shelf) else (shelf or _opener(target, embedder))()
+    opened = shelf if isinstance(shelf, Shelf) else (shelf or _opener(target, embedder, sources))()
     mcp_endpoint = _mcp_endpoint(opened) if mcp else None
 
     @contextlib.asynccontextmanager
@@ -98,10 +98,10 @@ def _methods_at(app: FastAPI, scope: Scope) -> set[str]:
             and route.matches(scope)[0] is not Match.NONE for method in route.methods}
 
 
-def _opener(target: str | None, embedder: Any) -> Callable[[], Shelf]:
+def _opener(target: str | None, embedder: Any, sources: Mapping[str, float] | None) -> Callable[[], Shelf]:
     if embedder is _UNSET:
-        return lambda: Shelf.open(target)
-    return lambda: Shelf.open(target, embedder=embedder)
+        return lambda: Shelf.open(target, sources=sources)
+    return lambda: Shelf.open(target, embedder=embedder, sources=sources)
 
 
 def _version() -> str:
@@ -118,12 +118,13 @@ def _mcp_endpoint(shelf: Shelf) -> McpEndpoint:
 
 def app_from_env() -> FastAPI:
     """The app each `memshelf serve` worker process builds for itself, configured by MEMSHELF_* variables
-    (MEMSHELF_DATABASE_URL or MEMSHELF_DB; MEMSHELF_EMBEDDER), which Shelf.open reads."""
+    (MEMSHELF_DATABASE_URL or MEMSHELF_DB; MEMSHELF_EMBEDDER; MEMSHELF_SOURCES), which Shelf.open reads."""
     return create_app()
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str | None = None,
-          embedder: str | None = None, log_level: str | None = None, access_log: bool | None = None) -> None:
+          embedder: str | None = None, log_level: str | None = None, access_log: bool | None = None,
+          sources: Mapping[str, float] | None = None) -> None:
     """Run the HTTP server (blocks). With several workers each process opens its own Shelf on the same database
     (SQLite in WAL mode, or PostgreSQL). log_level and access_log default to MEMSHELF_LOG_LEVEL (info) and
     MEMSHELF_ACCESS_LOG (1; 0 turns the per-request log lines off). The caller's os.environ is left as it was."""
@@ -137,13 +138,15 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str |
     options: dict[str, Any] = {"host": host, "port": port, "log_level": level.lower(), "access_log": access_log,
                                "proxy_headers": False}
     if workers == 1:  # one process: the app is built here and given its settings directly
-        uvicorn.run(create_app(target=db, embedder=_UNSET if embedder is None else embedder), **options)
+        uvicorn.run(create_app(target=db, embedder=_UNSET if embedder is None else embedder, sources=sources),
+                    **options)
         return
-    with _environ(_worker_settings(db, embedder)):  # other processes learn the settings from the environment
+    with _environ(_worker_settings(db, embedder, sources)):  # other processes learn the settings from the environment
         uvicorn.run("memshelf.server:app_from_env", factory=True, workers=workers, **options)
 
 
-def _worker_settings(db: str | None, embedder: str | None) -> dict[str, str | None]:
+def _worker_settings(db: str | None, embedder: str | None,
+                     sources: Mapping[str, float] | None = None) -> dict[str, str | None]:
     """The MEMSHELF_* variables that tell each worker process what serve() was told (None: unset it)."""
     settings: dict[str, str | None] = {}
     if db is not None:
@@ -151,6 +154,8 @@ def _worker_settings(db: str | None, embedder: str | None) -> dict[str, str | No
         settings |= {"MEMSHELF_DATABASE_URL": db if url else None, "MEMSHELF_DB": None if url else db}
     if embedder is not None:
         settings["MEMSHELF_EMBEDDER"] = embedder
+    if sources is not None:
+        settings["MEMSHELF_SOURCES"] = ",".join(f"{name}={worth}" for name, worth in sources.items())
     return settings
 
 

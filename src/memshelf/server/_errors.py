@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,6 +33,17 @@ __all__ = ["ERROR_RESPONSES", "KEY_HINT", "UNAUTHORIZED", "ApiError", "ErrorBody
            "problem", "validation_error_response"]
 
 log = logging.getLogger("memshelf.server")
+
+ADVICE = {
+    "memory_id": "list the user's memory ids with GET /v1/users/{user}/memories",
+    "fact_key": "list the user's facts with GET /v1/users/{user}/facts",
+    "key_id": "list the keys with GET /v1/admin/keys",
+    "source": "use a declared source; a new one is declared where the server is started, e.g. "
+              "MEMSHELF_SOURCES={subject}=0.8",
+    "embedder": "this server has no embedder: send \"mode\": \"keyword\", or have the server started with "
+                "MEMSHELF_EMBEDDER=local",
+}
+"""What to do about an error, in the HTTP API's terms, by the error's `fix` (memshelf.errors)."""
 
 KEY_HINT = "create one with `memshelf keys create --tenant NAME` and send it as `Authorization: Bearer <key>`"
 """What a request without a usable API key should do next."""
@@ -95,11 +107,13 @@ def error_response(status: int, kind: str, message: str, headers: dict[str, str]
                         headers=headers)
 
 
-def memshelf_error_response(exc: MemshelfError, *, rpc: bool = False) -> JSONResponse:
+def memshelf_error_response(exc: MemshelfError, user: str | None = None, *, rpc: bool = False) -> JSONResponse:
+    """The error's answer, its advice in the API's terms; `user` is the path's, for the routes advice names."""
     status, kind = next((s, k) for cls, s, k in _STATUS_OF if isinstance(exc, cls))
     if status >= 500:
         log.warning("%s: %s", type(exc).__name__, exc)
-    return error_response(status, kind, str(exc), {"Retry-After": "1"} if status == 503 else None, rpc=rpc)
+    message = exc.in_terms(ADVICE, user="{user}" if user is None else quote(user, safe=""))
+    return error_response(status, kind, message, {"Retry-After": "1"} if status == 503 else None, rpc=rpc)
 
 
 def problem(where: str, error: Mapping[str, Any]) -> str:
@@ -145,9 +159,9 @@ def install_error_handlers(app: FastAPI, allowed_methods: Callable[[Scope], set[
         assert isinstance(exc, ApiError)
         return error_response(exc.status, exc.kind, exc.message)
 
-    async def on_memshelf_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_memshelf_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, MemshelfError)
-        return memshelf_error_response(exc)
+        return memshelf_error_response(exc, request.path_params.get("user"))
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -130,6 +130,9 @@ class SearchOut(BaseModel):
     mode: str
     degraded: bool = Field(description="true when meaning search was wanted but the embedder was unreachable")
     reason: str | None
+    unembedded: int = Field(0, description="in a search by meaning that found fewer than asked: how many of the "
+                                           "user's memories it could not see, having no vector yet (the server's "
+                                           "operator runs backfill to embed them)")
     hits: list[HitOut]
 
 

@@ -33,6 +33,10 @@ class Observation:
     replace_vector: bool
 
 
+BACKFILL_ADVICE = "give the new model a distinct name, then run backfill to embed the memories with it"
+"""What to do when one model name was used for two models (vectors of two lengths under one name)."""
+
+
 def digest(topic: str, content: str) -> str:
     """Identity of a memory's text within an owner, for dedup: (topic, content) with surrounding whitespace
     stripped and every run of whitespace made one space, so "The sky is blue." and "The sky is blue. " are one
@@ -216,6 +220,11 @@ class MemoryStore(ABC):
         """The length of the owner's stored vectors of `model` (None when it has none): how a precomputed vector is
         checked while the embedding service is down. A backend that cannot tell returns None."""
         return None
+
+    def count_unembedded(self, owner: Owner, model: str, now: datetime) -> int:
+        """How many of the owner's live, current memories have no vector of `model` (search by meaning cannot find
+        them until backfill): what an empty search by meaning tells the user. A backend that cannot tell says 0."""
+        return 0
 
     @abstractmethod
     def set_vectors(self, model: str, rows: Iterable[tuple[int, bytes, Sequence[bytes]]]) -> None:

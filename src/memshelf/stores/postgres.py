@@ -88,12 +88,14 @@ from psycopg_pool import ConnectionPool
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_id
 from ..model import Memory, NewMemory, Owner
-from .base import CONTEXT_TURNS, CURRENT, Pending, Position, Scored, View, digest, observe_again
+from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Position, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
+REQUIRED_EXTENSIONS = ("vector", "unaccent")
+"""The extensions the migrations create (_postgres_schema.py); a superuser creates them where the login role may not."""
 EXACT_MAX_ROWS = 20_000
 """Owners with at most this many vectors of a model are searched exactly: at that size a scan of the owner's rows
 is as fast as HNSW with a filter, and exact by definition."""
@@ -317,15 +319,51 @@ def _cast(dimensions: int, alias: str = "m.") -> sql.Composed:
     return sql.SQL("({}embedding::vector({}))").format(sql.SQL(alias), sql.Literal(dimensions))
 
 
+def setup_advice(conn: psycopg.Connection) -> str:
+    """What a superuser must run once so that this connection's login role can set memshelf up: the SQL for what
+    the catalog shows missing (the schema's ownership, the extensions, the two roles and membership in them)."""
+    login, database, schema, owns_schema = conn.execute(
+        "SELECT current_user, current_database(), current_schema(), pg_has_role(current_user, n.nspowner, 'USAGE')"
+        " FROM pg_namespace n WHERE n.nspname = current_schema()").fetchone() or ("?", "?", "public", False)
+    extensions = {row[0] for row in conn.execute("SELECT extname FROM pg_extension")}
+    roles: dict[str, bool] = dict(conn.execute("SELECT rolname, pg_has_role(current_user, oid, 'MEMBER')"
+                                               " FROM pg_roles WHERE rolname IN (%s, %s)",
+                                               (APP_ROLE, ADMIN_ROLE)).fetchall())
+    return setup_sql(login, database, schema, owns_schema=owns_schema, extensions=extensions, roles=roles)
+
+
+def setup_sql(login: str, database: str, schema: str, *, owns_schema: bool, extensions: set[str],
+              roles: dict[str, bool]) -> str:
+    """setup_advice from what the catalog says: `extensions` installed in the database, `roles` that exist, each
+    with whether the login role is a member."""
+    statements = [] if owns_schema else [f"ALTER SCHEMA {_quoted(schema)} OWNER TO {_quoted(login)};"]
+    statements += [f"CREATE EXTENSION IF NOT EXISTS {ext};" for ext in REQUIRED_EXTENSIONS if ext not in extensions]
+    statements += [f"CREATE ROLE {role} NOLOGIN;" for role in (APP_ROLE, ADMIN_ROLE) if role not in roles]
+    if not all(roles.get(role) for role in (APP_ROLE, ADMIN_ROLE)):
+        statements.append(f"GRANT {APP_ROLE}, {ADMIN_ROLE} TO {_quoted(login)};")
+    if not statements:
+        return (f"the login role {login} must own memshelf's tables in database {database}: as a superuser run "
+                f"ALTER TABLE <table> OWNER TO {_quoted(login)}; for each table it does not own, then retry")
+    return (f"the login role {login} may not create what memshelf needs; run once as a superuser in database "
+            f"{database}: {' '.join(statements)} Then retry")
+
+
+def _quoted(identifier: str) -> str:
+    """An identifier as SQL to print (double quotes, doubled inside), so a role named alice-2 can be pasted."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
 def _translate(exc: psycopg.Error, url_hint: str) -> MemshelfError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "expected" in text and "dimensions" in text:
         return DimensionMismatch(
             f"stored vectors have another length than the question's ({text}): one model name was used for two "
-            "models; give the new model a distinct name and run `memshelf backfill`")
+            "models", BACKFILL_ADVICE, fix="backfill")
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        return StoreError(f"PostgreSQL refused ({text}): memshelf's login role must own its tables and be a "
-                          f"member of {APP_ROLE} and {ADMIN_ROLE}; see the memshelf.stores.postgres docstring")
+        return StoreError(f"PostgreSQL refused ({text}): memshelf's login role (the URL's user) must own memshelf's "
+                          f"tables and be a member of {APP_ROLE} and {ADMIN_ROLE}; as a superuser run GRANT "
+                          f"{APP_ROLE}, {ADMIN_ROLE} TO <that user>; and ALTER TABLE <table> OWNER TO <that user>; "
+                          "for each of memshelf's tables it does not own")
     state = exc.sqlstate or ""
     if state.startswith("54"):  # program limit exceeded: a value or row too large for the server
         return StoreError(f"PostgreSQL refused a record beyond its limits ({text}): shorten the text or use "
@@ -431,8 +469,8 @@ class PostgresStore(SQLRecords):
                     return False  # a test that stops at an older migration
                 return conn.execute("SELECT EXISTS (SELECT 1 FROM memshelf_scrub)").fetchone() == (True,)
             except psycopg.errors.InsufficientPrivilege as exc:
-                raise StoreError(f"cannot set up memshelf's schema ({exc}): a superuser must create the "
-                                 "extensions and roles once; see the memshelf.stores.postgres docstring") from exc
+                raise StoreError(f"cannot set up memshelf's schema ({str(exc).splitlines()[0]}): "
+                                 f"{setup_advice(conn)}") from exc
             except psycopg.errors.UndefinedFile as exc:
                 raise StoreError(f"the PostgreSQL server lacks an extension memshelf needs ({exc}): install "
                                  "pgvector and the contrib package (unaccent) on the server, then retry") from exc
@@ -806,8 +844,8 @@ class PostgresStore(SQLRecords):
             if stored != dimensions:
                 raise DimensionMismatch(
                     f"the question's vector from {model} has {dimensions} dimensions but this owner's stored "
-                    f"{model} vectors have {stored}: the service now serves another model under that name; "
-                    "give it a distinct name or run backfill after switching")
+                    f"{model} vectors have {stored}: the service now serves another model under that name",
+                    BACKFILL_ADVICE, fix="backfill")
             self._serve({(model, dimensions)})
             blob = Blob(query.astype("<f4").tobytes())
             indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
@@ -891,6 +929,12 @@ class PostgresStore(SQLRecords):
         with self._admin() as cur:
             return cur.execute("SELECT count(*) FROM memories WHERE embed_model IS NULL OR embed_model <> %s"
                                " OR embedding IS NULL", (model,)).fetchone()[0]
+
+    def count_unembedded(self, owner: Owner, model: str, now: datetime) -> int:
+        with self._tenant(owner.tenant) as cur:
+            return cur.execute(f"SELECT count(*) FROM memories m WHERE {_OWNER} AND {_LIVE} AND m.superseded_at IS NULL"
+                               " AND (embed_model IS NULL OR embed_model <> %s OR embedding IS NULL)",
+                               (owner.tenant, owner.user, now, model)).fetchone()[0]
 
     def vector_dimensions(self, owner: Owner, model: str) -> int | None:
         with self._tenant(owner.tenant) as cur:

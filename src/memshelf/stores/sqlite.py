@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..model import Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import CURRENT, Pending, Position, Scored, View, digest, observe_again
+from .base import BACKFILL_ADVICE, CURRENT, Pending, Position, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import TenantIndexes
@@ -512,8 +512,8 @@ class SQLiteStore(SQLRecords):
         if query.shape[0] != matrix.dimensions:
             raise DimensionMismatch(
                 f"the question's vector from {model} has {query.shape[0]} dimensions but this owner's stored "
-                f"{model} vectors have {matrix.dimensions}: the service now serves another model under that name; "
-                "give it a distinct name or run backfill after switching")
+                f"{model} vectors have {matrix.dimensions}: the service now serves another model under that name",
+                BACKFILL_ADVICE, fix="backfill")
         picks = top_k(matrix, query, limit, floor, now.timestamp())
         if not picks:
             return []
@@ -591,6 +591,11 @@ class SQLiteStore(SQLRecords):
     def count_pending_vectors(self, model: str) -> int:
         return self._q("SELECT count(*) FROM memories WHERE embed_model IS NULL OR embed_model != ?"
                        " OR embedding IS NULL", (model,)).fetchone()[0]
+
+    def count_unembedded(self, owner: Owner, model: str, now: datetime) -> int:
+        return self._q("SELECT count(*) FROM memories WHERE tenant = ? AND user_id = ? AND superseded_at IS NULL"
+                       " AND (expires_at IS NULL OR expires_at > ?) AND (embed_model IS NULL OR embed_model != ?"
+                       " OR embedding IS NULL)", (owner.tenant, owner.user, ts(now), model)).fetchone()[0]
 
     def vector_dimensions(self, owner: Owner, model: str) -> int | None:
         row = self._q("SELECT length(embedding) / 4 FROM memories WHERE tenant = ? AND user_id = ? AND embed_model = ?"

@@ -90,7 +90,7 @@ def test_declared_source(open_shelf):
 
 
 def test_unknown_source_is_an_error_before_anything_is_written(shelf):
-    with pytest.raises(UnknownSource, match="Declare it first"):
+    with pytest.raises(UnknownSource, match="declare a new source first"):
         shelf.remember(KALEB, "climate", "The hall is 19 degrees.", source="sensor")
     with pytest.raises(UnknownSource):
         shelf.remember_many(KALEB, [{"topic": "a", "content": "valid line"},

@@ -16,7 +16,7 @@ router = APIRouter(tags=["retrieval"])
 def search(owner: OwnerDep, shelf: ShelfDep, body: SearchIn) -> SearchOut:
     """Find the user's memories for a question; each hit says which retriever found it and its score."""
     result = shelf.search(owner, body.question, mode=body.mode, limit=body.limit, floor=body.floor)
-    return SearchOut(mode=result.mode, degraded=result.degraded, reason=result.reason,
+    return SearchOut(mode=result.mode, degraded=result.degraded, reason=result.reason, unembedded=result.unembedded,
                      hits=[HitOut.of(hit) for hit in result])
 
 
