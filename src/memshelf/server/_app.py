@@ -60,7 +60,7 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
                     opened.close()
 
     app = FastAPI(title="memshelf", version=_version(), description=DESCRIPTION, lifespan=lifespan,
-                  responses=ERROR_RESPONSES)
+                  responses=ERROR_RESPONSES, docs_url=None, redoc_url=None)  # served offline by the pages router
     app.state.shelf = opened
     install_error_handlers(app)
     for router in ROUTERS:
