@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,19 @@ $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/memshelf demo
 
-test: $(VENV)/.test-installed lint
+test: $(VENV)/.test-installed lint browser
 	$(PY) -m pytest -q
+
+# The web page's tests drive Debian's Chromium through Playwright, which never downloads a browser of its own here.
+# As root (CI) it is installed; anyone else is told what to run, and those tests are skipped until they do.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || [ -n "$$MEMSHELF_CHROMIUM" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the browser tests"; \
+		apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
+	else \
+		echo "note: the browser tests need Chromium and will be skipped: sudo apt-get install chromium"; \
+	fi
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check src tests bench

@@ -62,7 +62,7 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
                     opened.close()
 
     app = FastAPI(title="memshelf", version=_version(), description=DESCRIPTION, lifespan=lifespan,
-                  responses=ERROR_RESPONSES)
+                  responses=ERROR_RESPONSES, docs_url=None, redoc_url=None)  # served offline by the pages router
     app.state.shelf = opened
     app.openapi = _openapi_naming_sources(app, list(opened.sources))  # type: ignore[method-assign]
     install_error_handlers(app, lambda scope: _methods_at(app, scope))
