@@ -87,6 +87,7 @@ from psycopg_pool import ConnectionPool
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_id
+from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
 from .base import CONTEXT_TURNS, CURRENT, Pending, Position, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
@@ -121,8 +122,10 @@ B = 0.75
 
 
 def tsquery_text(terms: Sequence[str]) -> str:
-    """Each term quoted as a tsquery lexeme with prefix matching, OR-ed: user text is never tsquery syntax."""
-    return " | ".join("'" + term.replace("\\", "\\\\").replace("'", "''") + "':*" for term in terms)
+    """Each term quoted as a tsquery lexeme, a prefix where keywords.is_prefix says so, OR-ed: user text is never
+    tsquery syntax."""
+    return " | ".join("'" + term.replace("\\", "\\\\").replace("'", "''") + "'" + ":*" * is_prefix(term)
+                      for term in terms)
 
 
 # ---------------------------------------------------------------- vectors at the boundary
