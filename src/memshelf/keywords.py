@@ -69,14 +69,14 @@ def search_terms(line: str, limit: int | None = None) -> list[str]:
       in a line that has lower-case letters too. So "AI", "IP", "UI" and "Go" are terms and "is", "to", "of", "me"
       are not, and "IT" is a term where "it" is not.
     """
-    shouting = not any(ch.islower() for ch in line)
+    shouting, cjk = line.upper() == line, CJK_RUN.search(line) is not None
     out: list[str] = []
     for word in _WORD.findall(line):
-        for segment in _SEGMENT.findall(word):
+        for segment in _SEGMENT.findall(word) if cjk else (word,):
             for term in _terms_of(segment, shouting):
                 if term not in out:
                     out.append(term)
-    if not all(_HIRAGANA.fullmatch(term) for term in out):
+    if cjk and not all(_HIRAGANA.fullmatch(term) for term in out):
         out = [term for term in out if not _HIRAGANA.fullmatch(term)]
     return out if limit is None else out[:limit]
 

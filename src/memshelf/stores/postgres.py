@@ -50,7 +50,8 @@ The store interface keeps vectors as little-endian float32 blobs (the export for
 pgvector's binary form at this boundary.
 
 Keywords: a stored generated tsvector column over topic and content, GIN-indexed, with the `memshelf_text`
-configuration (unaccented, English snowball stems, no stopwords); each term becomes `'term':*` (prefix match),
+configuration (unaccented, English snowball stems, no stopwords) over the text as memshelf_index_text makes it
+(CJK as pairs of characters, m011); each term becomes `'term':*` (prefix match) or `'term'` (keywords.is_prefix),
 quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with bm25 for relevance, its
 statistics (how many of the owner's memories hold each word, their number and length) gathered at query time
 from the owner's own memories (bm25_query). The hybrid's keyword candidates are ranked with their conversation
