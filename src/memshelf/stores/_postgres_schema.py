@@ -306,14 +306,17 @@ ALTER TABLE memories ADD COLUMN search tsvector GENERATED ALWAYS AS (
     to_tsvector('memshelf_text'::regconfig,
                 regexp_replace(memshelf_index_text(topic || ' ' || content), '[^[:alnum:]]+', ' ', 'g'))) STORED;
 CREATE INDEX memories_search ON memories USING gin (search);
+-- The conversations (owner, topic) that hold CJK text come first, in a CTE: as an IN (...) under row-level
+-- security PostgreSQL matched every row against each of its conversation's rows (135 s at 100,000 rows; 0.8 s so).
 SET LOCAL ROLE {ADMIN_ROLE};
+WITH cjk AS MATERIALIZED (SELECT DISTINCT tenant, user_id, topic FROM memories WHERE content ~ '{_CJK}')
 UPDATE memories f SET context_search = (
     SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM (
         SELECT p.pk, p.content FROM memories p
         WHERE p.tenant = f.tenant AND p.user_id = f.user_id AND p.topic = f.topic AND p.pk < f.pk
         ORDER BY p.pk DESC LIMIT 2) p)
-WHERE f.context_search IS NOT NULL
-  AND (f.tenant, f.user_id, f.topic) IN (SELECT tenant, user_id, topic FROM memories WHERE content ~ '{_CJK}');
+FROM cjk
+WHERE f.tenant = cjk.tenant AND f.user_id = cjk.user_id AND f.topic = cjk.topic AND f.context_search IS NOT NULL;
 RESET ROLE;
 """),
 ]
