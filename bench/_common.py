@@ -362,13 +362,13 @@ class CandidateDump:
         self.owners[name] = {"topics": [m.topic for m in memories], "labels": [list(x) for x in labels]}
 
     def question(self, shelf: Any, owner: Any, text: str, evidence: Sequence[str], kind: str) -> None:
-        from memshelf.keywords import keywords
+        from memshelf.keywords import search_terms
         from memshelf.shelf import MAX_QUERY_TERMS
 
         name = f"{owner.tenant}/{owner.user}"
         index = self._index[name]
         now = shelf.now()
-        by_words = shelf.store.keyword_search(owner, keywords(text, limit=MAX_QUERY_TERMS), self.depth, now,
+        by_words = shelf.store.keyword_search(owner, search_terms(text, limit=MAX_QUERY_TERMS), self.depth, now,
                                               by_confidence=False)
         query = shelf.embedder.embed_batch([text])[0]
         by_meaning = shelf.store.vector_search(owner, shelf.embedder.model, query, len(index), -1.0, now)

@@ -29,7 +29,7 @@ from rich.text import Text
 
 from .embedders.base import embedder_availability, registered_providers
 from .errors import ExtractorError, InvalidInput, MemshelfError
-from .keywords import keywords
+from .keywords import keywords, search_terms
 from .learning.base import Extractor, Plan, Proposal, resolve_extractor
 from .model import MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, counted, sources_from_text
 from .shelf import Shelf
@@ -253,7 +253,7 @@ def search(ctx: typer.Context, question: str,
         table.add_row(*(Text(plain(cell)) for cell in row))
     out.print(table)
     if explain:
-        err.print(plain(f"mode: {result.mode}; terms: {keywords(question, limit=None)}"))
+        err.print(plain(f"mode: {result.mode}; terms: {search_terms(question)}"))
 
 
 @app.command()

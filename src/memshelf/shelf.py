@@ -22,7 +22,7 @@ from .embedders.base import (Embedder, default_embedder_spec, embedded, embeddin
                               resolve_embedder, search_timeout, write_timeout)
 from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from ._ids import is_id, new_id
-from .keywords import keywords
+from .keywords import search_terms
 from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
@@ -403,7 +403,7 @@ class Shelf:
             raise ConfigError(f"{mode} search needs an embedder", "open the shelf with embedder='local' "
                               "(or ollama:/openai:), or use mode='keyword'", fix="embedder", subject=mode)
         now = self.now()
-        terms = keywords(question, limit=MAX_QUERY_TERMS)
+        terms = search_terms(question, limit=MAX_QUERY_TERMS)
         if mode == "keyword":
             return self._keyword(owner, terms, limit, now, view)
         try:

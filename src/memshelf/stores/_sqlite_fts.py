@@ -10,9 +10,10 @@ a side channel across tenants. So each tenant gets its own two tables, created o
 
 `fts_tenants` lists each tenant's pair, and how many full merges each pair had since it was last rebuilt.
 
-Both are external-content tables over `memories`; the store keeps them in step on every insert, delete and
-context rewrite, inside the same transaction. Erasing a tenant drops its tables. Users of one tenant still share
-statistics (the tenant is the unit of isolation for ranking; the owner filter is in every query).
+Both are external-content tables over `memories`, holding each text as keywords.index_text makes it (Chinese,
+Japanese and Korean as overlapping character pairs; other text as it is); the store keeps them in step on every
+insert, delete and context rewrite, inside the same transaction. Erasing a tenant drops its tables. Users of one
+tenant still share statistics (the tenant is the unit of isolation for ranking; the owner filter is in every query).
 """
 
 from __future__ import annotations
@@ -21,9 +22,23 @@ import hashlib
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 
+from ..keywords import index_text
+
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 Query = Callable[..., sqlite3.Cursor]
+
+INDEX_TEXT = "memshelf_index_text"
+"""keywords.index_text as an SQL function of every connection (register_functions), for filling the tables from
+`memories` in one statement."""
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    conn.create_function(INDEX_TEXT, 1, index_text, deterministic=True)
+
+
+def _indexed(*texts: str) -> tuple[str, ...]:
+    return tuple(index_text(text) for text in texts)
 
 
 def table_names(tenant: str) -> tuple[str, str]:
@@ -61,9 +76,11 @@ class TenantIndexes:
     def _fill(self, tenant: str, words: str, context: str) -> None:
         """Index every row the tenant has (the tables must hold none of them yet)."""
         self._q(f"INSERT INTO {words} (rowid, topic, content, owner_tag)"
-                " SELECT pk, topic, content, owner_tag FROM memories WHERE tenant = ?", (tenant,))
+                f" SELECT pk, {INDEX_TEXT}(topic), {INDEX_TEXT}(content), owner_tag FROM memories WHERE tenant = ?",
+                (tenant,))
         self._q(f"INSERT INTO {context} (rowid, topic, content, owner_tag, context)"
-                " SELECT pk, topic, content, owner_tag, context FROM memories WHERE tenant = ?", (tenant,))
+                f" SELECT pk, {INDEX_TEXT}(topic), {INDEX_TEXT}(content), owner_tag, {INDEX_TEXT}(context)"
+                " FROM memories WHERE tenant = ?", (tenant,))
 
     def index_existing(self, tenant: str) -> None:
         """Tables for a tenant whose rows were stored before tenants had their own (m004)."""
@@ -82,6 +99,7 @@ class TenantIndexes:
 
     def add(self, tenant: str, pk: int, topic: str, content: str, tag: str, context: str) -> None:
         words, ctx = self.names(tenant) or self._create(tenant)
+        topic, content, context = _indexed(topic, content, context)
         self._q(f"INSERT INTO {words} (rowid, topic, content, owner_tag) VALUES (?, ?, ?, ?)",
                 (pk, topic, content, tag))
         self._q(f"INSERT INTO {ctx} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",
@@ -96,6 +114,7 @@ class TenantIndexes:
             if names is None:
                 continue
             words, ctx = names
+            topic, content, context = _indexed(topic, content, context)
             self._q(f"INSERT INTO {words} ({words}, rowid, topic, content, owner_tag) VALUES ('delete', ?, ?, ?, ?)",
                     (pk, topic, content, tag))
             self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
@@ -108,6 +127,7 @@ class TenantIndexes:
         if names is None:
             return
         ctx = names[1]
+        topic, content, old, new = _indexed(topic, content, old, new)
         self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
                 " VALUES ('delete', ?, ?, ?, ?, ?)", (pk, topic, content, tag, old))
         self._q(f"INSERT INTO {ctx} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",

@@ -5,6 +5,9 @@ from __future__ import annotations
 WHITESPACE_DIGESTS = "m006_whitespace_digests"
 """The migration after whose SQL stores/sqlite.py recomputes every digest (stores.base.digest), in Python."""
 
+CJK_INDEX = "m010_cjk_pairs"
+"""The migration after whose SQL stores/sqlite.py rebuilds every tenant's full-text tables from its rows."""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", """
 CREATE TABLE memories (
@@ -239,5 +242,11 @@ CREATE TABLE memory_pieces (
     PRIMARY KEY (memory_pk, piece)
 ) WITHOUT ROWID;
 CREATE INDEX memory_pieces_owner ON memory_pieces (tenant, user_id, embed_model, memory_pk);
+"""),
+    (CJK_INDEX, """
+-- Chinese, Japanese and Korean text is indexed as overlapping pairs of characters (keywords.index_text; README,
+-- "Search text"), so that a word is found inside a run with no spaces. Every tenant's full-text tables are rebuilt
+-- from its rows after this script (stores/sqlite.py); text without CJK is indexed exactly as before.
+SELECT 1;
 """),
 ]

@@ -198,7 +198,9 @@ class MemoryStore(ABC):
     @abstractmethod
     def keyword_search(self, owner: Owner, terms: Sequence[str], limit: int, now: datetime,
                        by_confidence: bool, view: View = CURRENT) -> list[Scored]:
-        """Full-text search over topic and content, terms OR-ed with prefix matching, among the memories `view` sees.
+        """Full-text search over topic and content, terms OR-ed, among the memories `view` sees. Text is indexed as
+        keywords.index_text makes it (CJK as pairs of characters), and a term matches as a prefix where
+        keywords.is_prefix says so, else whole.
 
         Ordered by confidence, then relevance, then newest when by_confidence; else relevance, then newest.
         """

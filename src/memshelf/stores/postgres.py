@@ -50,7 +50,8 @@ The store interface keeps vectors as little-endian float32 blobs (the export for
 pgvector's binary form at this boundary.
 
 Keywords: a stored generated tsvector column over topic and content, GIN-indexed, with the `memshelf_text`
-configuration (unaccented, English snowball stems, no stopwords); each term becomes `'term':*` (prefix match),
+configuration (unaccented, English snowball stems, no stopwords) over the text as memshelf_index_text makes it
+(CJK as pairs of characters, m011); each term becomes `'term':*` (prefix match) or `'term'` (keywords.is_prefix),
 quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with bm25 for relevance, its
 statistics (how many of the owner's memories hold each word, their number and length) gathered at query time
 from the owner's own memories (bm25_query). The hybrid's keyword candidates are ranked with their conversation
@@ -87,6 +88,7 @@ from psycopg_pool import ConnectionPool
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_id
+from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Position, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
@@ -123,8 +125,10 @@ B = 0.75
 
 
 def tsquery_text(terms: Sequence[str]) -> str:
-    """Each term quoted as a tsquery lexeme with prefix matching, OR-ed: user text is never tsquery syntax."""
-    return " | ".join("'" + term.replace("\\", "\\\\").replace("'", "''") + "':*" for term in terms)
+    """Each term quoted as a tsquery lexeme, a prefix where keywords.is_prefix says so, OR-ed: user text is never
+    tsquery syntax."""
+    return " | ".join("'" + term.replace("\\", "\\\\").replace("'", "''") + "'" + ":*" * is_prefix(term)
+                      for term in terms)
 
 
 # ---------------------------------------------------------------- vectors at the boundary

@@ -18,13 +18,14 @@ from typing import overload
 import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
+from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
 from .base import BACKFILL_ADVICE, CURRENT, Pending, Position, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
-from ._sqlite_fts import TenantIndexes
-from ._sqlite_schema import MIGRATIONS, WHITESPACE_DIGESTS
+from ._sqlite_fts import TenantIndexes, register_functions
+from ._sqlite_schema import CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
 
 log = logging.getLogger("memshelf")
 
@@ -89,12 +90,13 @@ def owner_tag(owner: Owner) -> str:
 
 
 def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool) -> str:
-    """Any of the terms (each quoted, with prefix matching) in the row's own topic or content; with `owner`, also
-    the owner's index token; `with_context` (for memories_context_fts) also ranks by the conversation context.
+    """Any of the terms (each quoted, a prefix where keywords.is_prefix says so) in the row's own topic or content;
+    with `owner`, also the owner's index token; `with_context` (for memories_context_fts) also ranks by the
+    conversation context.
 
     Terms are quoted FTS5 strings: user text is never FTS5 syntax.
     """
-    any_term = " OR ".join('"' + term.replace('"', '""') + '"*' for term in terms)
+    any_term = " OR ".join('"' + term.replace('"', '""') + '"' + "*" * is_prefix(term) for term in terms)
     query = f"{{topic content}} : ({any_term})"  # only rows whose own words match are returned
     if with_context:
         query = f"({query}) AND ({{topic content context}} : ({any_term}))"
@@ -180,6 +182,7 @@ class SQLiteStore(SQLRecords):
                 # search visits one memories row (and one FTS docsize row) per match, and at 100k memories those
                 # pages no longer fit the default cache. Address space only; shared by every connection.
                 conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+                register_functions(conn)
             except sqlite3.Error as exc:
                 raise translate(exc, self.path) from exc
             self._local.conn = conn
@@ -298,7 +301,8 @@ class SQLiteStore(SQLRecords):
         if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
             for (tenant,) in self._q("SELECT DISTINCT tenant FROM memories").fetchall():
                 self._fts.index_existing(tenant)
-        elif name == "m005_fts_reindex":  # undo the double entries and the piled-up levels of older versions
+        elif name in ("m005_fts_reindex", CJK_INDEX):  # m005: undo the double entries and the piled-up levels of
+            # older versions; CJK_INDEX: index CJK text as character pairs
             for (tenant,) in self._q("SELECT tenant FROM fts_tenants").fetchall():
                 self._fts.rebuild(tenant)
         elif name == WHITESPACE_DIGESTS:

@@ -188,6 +188,32 @@ def test_non_ascii_words_are_found(shelf):
     assert len(shelf.search(KALEB, "zurich")) == 1  # diacritics do not have to be typed
 
 
+TOKYO = "東京の事務所は3階です"
+SEOUL = "서울 사무실은 2층입니다"
+BEIJING = "我们的AI项目在北京"
+
+
+@pytest.mark.parametrize("question, found", [
+    ("東京", [TOKYO]), ("事務所", [TOKYO]), ("東京の事務所は何階ですか", [TOKYO]), ("階", [TOKYO]),
+    ("서울", [SEOUL]), ("사무실은 어디에 있어요?", [SEOUL]), ("北京", [BEIJING]), ("AI 项目", [BEIJING]),
+    ("大阪", []), ("京都", []),
+])
+def test_chinese_japanese_and_korean_words_are_found_inside_runs(shelf, question, found):
+    for content in (TOKYO, SEOUL, BEIJING):
+        shelf.remember(KALEB, "office", content)
+    assert contents(shelf.search(KALEB, question, mode="keyword")) == found
+
+
+def test_two_letter_terms_are_found_and_two_letter_function_words_are_not(shelf):
+    ai, ip = "The AI team ships the UI on Friday.", "My home IP is 10.0.0.5 and the services are written in Go."
+    for content in (ai, ip, "It is up to me to check the goods."):
+        shelf.remember(KALEB, "work", content)
+    assert contents(shelf.search(KALEB, "Who builds the AI?")) == [ai]
+    assert contents(shelf.search(KALEB, "what is my ip")) == [ip]
+    assert contents(shelf.search(KALEB, "Is it up to me?")) == []  # function words only
+    assert contents(shelf.search(KALEB, "Go")) == [ip]  # a whole word: never "goods"
+
+
 def test_topic_is_searched_too(shelf):
     shelf.remember(KALEB, "printer", "It is on the second floor.")
     assert contents(shelf.search(KALEB, "printer")) == ["It is on the second floor."]

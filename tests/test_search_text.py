@@ -1,0 +1,114 @@
+"""Search text (README, "Search text"): Chinese, Japanese and Korean indexed as pairs of characters, two-letter terms,
+spec 000's keywords() unchanged; the upgrade of existing databases on both backends, and erasure leaving no pair
+behind. What users find on both backends is in the contract suite (memshelf.testing.contract)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from test_tables import _rows
+
+import memshelf.stores._sqlite_fts as sqlite_fts
+import memshelf.stores.postgres as pg_module
+import memshelf.stores.sqlite as sqlite_module
+from memshelf import Owner, Shelf
+from memshelf.keywords import index_text, keywords, search_terms
+from memshelf.stores._postgres_schema import MIGRATIONS as PG_MIGRATIONS
+from memshelf.stores._sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
+from memshelf.stores.postgres import PostgresStore
+
+KALEB = Owner("home", "kaleb")
+TOKYO = "東京の事務所は3階です"
+FOLLOWER = "The meeting room is on the same floor."
+SAMPLES = [TOKYO, "서울 사무실은 2층입니다", "我们的 AI 项目", "AI项目", "猫", "時々 ゲーム", "𠮷野家",
+           "Zürich café 192.168.1.40", "", "tab\there\nand there", "東京\n大阪、京都。ソウル"]
+
+
+@pytest.mark.parametrize("question, terms", [
+    ("東京", ["東京"]),
+    ("東京の事務所は何階ですか", ["東京", "京の", "の事", "事務", "務所", "所は", "は何", "何階", "階で"]),  # no です
+    ("すし", ["すし"]),  # hiragana alone is kept when it is all there is
+    ("서울 사무실은", ["서울", "사무", "무실", "실은"]),
+    ("我们的 AI 项目", ["我们", "们的", "ai", "项目"]),
+    ("What is my IP?", ["ip"]),
+    ("Do I like Go?", ["like", "go"]),
+    ("Is it in the IT room?", ["it", "room"]),  # "IT" in capitals, "it" not
+    ("IS IT ON", []),  # capitals mean nothing in a line written all in capitals
+    ("We've been to the UI review", ["been", "ui", "review"]),
+    ("What did I say the printer's address was?", ["printer", "address"]),
+])
+def test_search_terms(question, terms):
+    assert search_terms(question) == terms
+
+
+def test_keywords_stay_spec_000():
+    assert keywords("東京") == []
+    assert keywords("What is my IP in Go?") == []
+    assert keywords("What did I say the printer's address was?") == ["printer", "address"]
+
+
+def test_index_text_pairs_cjk_runs_and_leaves_other_text_alone():
+    assert index_text(TOKYO).split() == ["東京", "京の", "の事", "事務", "務所", "所は", "は", "3", "階で", "です",
+                                         "す"]
+    assert index_text("Zürich café 192.168.1.40") == "Zürich café 192.168.1.40"
+
+
+def test_postgres_index_text_is_the_python_one(pg_url):
+    with psycopg.connect(pg_url) as conn:
+        assert [conn.execute("SELECT memshelf_index_text(%s)", (text,)).fetchone()[0] for text in SAMPLES] == \
+            [index_text(text) for text in SAMPLES]
+
+
+def _pairs_in_index(backend: str, target: str) -> int:
+    """How many index entries of the tenant hold 東京, in the words and in the conversation context."""
+    if backend == "sqlite":
+        tables = _rows(backend, target, "SELECT words, context FROM fts_tenants WHERE tenant = ?", (KALEB.tenant,))[0]
+        return sum(_rows(backend, target, f"SELECT count(*) FROM {t} WHERE {t} MATCH '\"東京\"'")[0][0] for t in tables)
+    return _rows(backend, target, "SELECT count(*) FROM memories WHERE search @@ '東京'::tsquery"
+                 " OR context_search @@ '東京'::tsquery")[0][0]
+
+
+def test_erasing_a_cjk_memory_leaves_its_pairs_nowhere(backend, target):
+    with Shelf.open(target, embedder=None) as shelf:
+        tokyo = shelf.remember(KALEB, "office", TOKYO)
+        shelf.remember(KALEB, "office", FOLLOWER)  # its conversation context holds TOKYO
+        assert _pairs_in_index(backend, target) == (3 if backend == "sqlite" else 2)
+        shelf.forget(KALEB, tokyo.id)
+        assert _pairs_in_index(backend, target) == 0
+        assert [h.memory.content for h in shelf.search(KALEB, "東京 room")] == [FOLLOWER]
+
+
+def test_sqlite_file_from_before_m010_is_reindexed(tmp_path, monkeypatch):
+    """A file written by the previous version (CJK runs indexed whole) finds words inside runs once opened."""
+    db = str(tmp_path / "memory.db")
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", SQLITE_MIGRATIONS[:-1])
+    monkeypatch.setattr(sqlite_fts, "index_text", lambda text: text)  # what the previous version indexed
+    with Shelf.open(db, embedder=None) as shelf:
+        shelf.remember(KALEB, "office", TOKYO)
+        shelf.remember(KALEB, "office", FOLLOWER)
+        assert list(shelf.search(KALEB, "事務所")) == []
+    monkeypatch.undo()
+    with Shelf.open(db, embedder=None) as shelf:
+        assert shelf.store.applied_migrations()[-1] == "m010_cjk_pairs"  # type: ignore[attr-defined]
+        assert [h.memory.content for h in shelf.search(KALEB, "事務所")] == [TOKYO]
+        assert [s.memory.content for s in shelf.store.keyword_search(KALEB, ["東京", "room"], 5, shelf.now(),
+                                                                     by_confidence=False)] == [FOLLOWER, TOKYO]
+        assert [h.memory.content for h in shelf.search(KALEB, "printer room")] == [FOLLOWER]  # English as before
+    assert _pairs_in_index("sqlite", db) == 3
+
+
+def test_postgres_database_from_before_m011_is_reindexed(pg_server, monkeypatch):
+    url = pg_server.empty_database()
+    monkeypatch.setattr(pg_module, "MIGRATIONS", PG_MIGRATIONS[:-1])
+    with Shelf(PostgresStore(url), embedder=None) as shelf:
+        shelf.remember(KALEB, "office", TOKYO)
+        shelf.remember(KALEB, "office", FOLLOWER)
+        assert list(shelf.search(KALEB, "事務所")) == []
+    monkeypatch.undo()
+    with Shelf(PostgresStore(url), embedder=None) as shelf:
+        assert shelf.store.applied_migrations()[-1] == "m011_cjk_pairs"  # type: ignore[attr-defined]
+        assert [h.memory.content for h in shelf.search(KALEB, "事務所")] == [TOKYO]
+        assert [s.memory.content for s in shelf.store.keyword_search(KALEB, ["東京", "room"], 5, shelf.now(),
+                                                                     by_confidence=False)] == [FOLLOWER, TOKYO]
+        assert [h.memory.content for h in shelf.search(KALEB, "printer room")] == [FOLLOWER]
+    assert _pairs_in_index("postgres", url) == 2
