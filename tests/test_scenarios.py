@@ -30,6 +30,7 @@ KALEB = Owner(TENANT, USER)
 TOPIC, STATEMENT = "network", "The office printer is on 192.168.1.40."
 QUESTION = "Where is the office printer?"
 PERSONA = "You are GLaDOS. Be sardonic and brief."
+TOKYO = "東京の事務所は3階です。"
 KNOWLEDGE = ("Relevant knowledge (confidence in brackets, 1.0 means the user said so):\n"
              f"  - [1.0] {STATEMENT}")
 FACTS = "Memory context:\nKnown facts about the user:\n  - user_name: Kaleb"
@@ -74,6 +75,9 @@ def assistant_loop(face: Face) -> None:
 
     face.remember(TOPIC, STATEMENT)  # the erased user starts again from an empty memory
     assert face.recall(QUESTION) == [(1.0, STATEMENT)]
+
+    face.remember("office", TOKYO)  # words of a script without spaces are found too (README, "Search text")
+    assert face.recall("東京の事務所は何階ですか")[0] == (1.0, TOKYO)
 
 
 def assert_prompt(face: Face, *, facts: bool, knowledge: bool) -> None:
