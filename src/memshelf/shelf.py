@@ -217,7 +217,7 @@ def _read_users_cursor(tenant: str, cursor: object) -> str | None:
     """The user id the previous page of the tenant's users ended with (None: start at the first)."""
     if cursor is None:
         return None
-    refused = _refused(cursor, f"tenant {tenant!r}'s users", "the first user")
+    refused = _refused(cursor, f"the users of tenant {tenant!r}", "the first user")
     fields = _cursor_fields(cursor, refused, MAX_USERS_CURSOR_CHARS)
     if len(fields) != 2 or fields[0] != _scope_check(tenant):
         raise refused
