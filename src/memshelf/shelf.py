@@ -221,7 +221,10 @@ def _read_users_cursor(tenant: str, cursor: object) -> str | None:
     fields = _cursor_fields(cursor, refused, MAX_USERS_CURSOR_CHARS)
     if len(fields) != 2 or fields[0] != _scope_check(tenant):
         raise refused
-    return fields[1]
+    try:
+        return Owner(tenant, fields[1]).user  # a user id the store can take (no NUL, no lone surrogate)
+    except InvalidInput as exc:
+        raise refused from exc
 
 
 class Shelf:

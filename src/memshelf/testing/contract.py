@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime, timedelta, UTC
 
@@ -711,6 +712,11 @@ def test_user_pages_reach_every_user_exactly_once(shelf):
         shelf.list_memories(MAYA, cursor=shelf.list_users("acme", limit=1)[1] or "")
     with pytest.raises(InvalidInput, match="limit"):
         shelf.list_users("home", limit=0)
+    tag = json.loads(base64.urlsafe_b64decode(cursor[3:] + "==="))[0]
+    for forged in ["user\x00", "\ud800", ""]:  # the tenant's own tag, with a user id no store can take
+        payload = json.dumps([tag, forged]).encode()
+        with pytest.raises(InvalidInput, match="cursor"):
+            shelf.list_users("home", cursor="c1." + base64.urlsafe_b64encode(payload).decode())
 
 
 def test_users_filtered_by_text_their_id_contains(shelf):
