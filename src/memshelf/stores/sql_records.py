@@ -117,6 +117,9 @@ _COUNTED = (("memories", "created_at", " AND superseded_at IS NULL"), ("facts", 
             ("messages", "created_at", ""))
 """What a user summary counts, in UserSummary's order: the table, the column its newest row is dated by, and what
 else a counted row must be (a superseded memory is not counted). An expired row never counts."""
+_LIVE = " AND (expires_at IS NULL OR expires_at > ?)"
+"""What a row of a table with expiry must meet to be live at the instant given."""
+
 _USER = "tenant = ? AND user_id = ?"
 _KEY_COLUMNS = "id, tenant, name, created_at, revoked_at"
 _FACT_HISTORY_INSERT = ("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
@@ -460,31 +463,27 @@ class SQLRecords(Store):
 
     def page_users(self, tenant: str, after: str | None, limit: int, contains: str | None,
                    now: datetime) -> list[UserSummary]:
-        """One statement in the tenant's scope: each listed table gives its first `limit` users past `after` (so an
-        index on (tenant, user_id) serves every page), the first `limit` of them are the page, and each is
-        counted."""
+        """One statement in the tenant's scope: the page's users (_listed_users), each counted (_counts_of_listed)."""
         at = self._time_in(now)
-        listed: list[str] = []
-        params: list[Any] = []
+        listed, listed_params = self._listed_users(tenant, after, limit, contains, at)
+        columns, joins, counted_params = self._counts_of_listed(tenant, at)
+        query = f"WITH listed AS ({listed}) SELECT p.user_id, {columns} FROM listed p{joins} ORDER BY p.user_id"
+        with self._owner_scope(tenant, write=False) as db:
+            rows = db.execute(self._sql(query), (*listed_params, *counted_params)).fetchall()
+        return [self._summary(row) for row in rows]
+
+    def _listed_users(self, tenant: str, after: str | None, limit: int, contains: str | None,
+                      at: Any) -> tuple[str, list[Any]]:
+        """SQL (with `?`) selecting the page's user ids, and its parameters: each listed table gives its first
+        `limit` users past `after` with a live row that matches the filter (so an index on (tenant, user_id) serves
+        every page), and the first `limit` of them all are the page."""
+        selects, params = [], []
         for n, entry in enumerate(listed_user_tables()):
             where, more = self._listed_where(entry, after, contains, at)
-            listed.append(f"SELECT user_id FROM (SELECT DISTINCT user_id FROM {entry.name} WHERE tenant = ?{where}"
-                          f" ORDER BY user_id LIMIT ?) AS l{n}")
+            selects.append(f"SELECT user_id FROM (SELECT DISTINCT user_id FROM {entry.name} WHERE tenant = ?{where}"
+                           f" ORDER BY user_id LIMIT ?) AS l{n}")
             params += [tenant, *more, limit]
-        params.append(limit)
-        columns, joins = [], []
-        for n, (name, dated, also) in enumerate(_COUNTED):
-            live = " AND (expires_at IS NULL OR expires_at > ?)" if table(name).expires else ""
-            joins.append(f" LEFT JOIN (SELECT user_id, count(*) AS n, max({dated}) AS newest FROM {name} WHERE"
-                         f" tenant = ? AND user_id IN (SELECT user_id FROM listed){also}{live} GROUP BY user_id)"
-                         f" AS c{n} ON c{n}.user_id = p.user_id")
-            columns.append(f"coalesce(c{n}.n, 0), c{n}.newest")
-            params += [tenant, *([at] if live else [])]
-        query = (f"WITH listed AS (SELECT user_id FROM ({' UNION '.join(listed)}) AS u ORDER BY user_id LIMIT ?)"
-                 f" SELECT p.user_id, {', '.join(columns)} FROM listed p{''.join(joins)} ORDER BY p.user_id")
-        with self._owner_scope(tenant, write=False) as db:
-            rows = db.execute(self._sql(query), tuple(params)).fetchall()
-        return [self._summary(row) for row in rows]
+        return f"SELECT user_id FROM ({' UNION '.join(selects)}) AS u ORDER BY user_id LIMIT ?", params + [limit]
 
     def _listed_where(self, entry: OwnerTable, after: str | None, contains: str | None,
                       at: Any) -> tuple[str, list[Any]]:
@@ -494,12 +493,27 @@ class SQLRecords(Store):
         if after is not None:
             where, params = " AND user_id > ?", [after]
         if entry.expires:
-            where, params = where + " AND (expires_at IS NULL OR expires_at > ?)", params + [at]
+            where, params = where + _LIVE, params + [at]
         if contains:
             where, params = where + f" AND {self.FOLDED_USER} LIKE ? ESCAPE '\\'", params + [_like_pattern(contains)]
         return where, params
 
+    @staticmethod
+    def _counts_of_listed(tenant: str, at: Any) -> tuple[str, str, list[Any]]:
+        """The columns (each counted table's count and newest time), the joins that make them for the users of
+        `listed`, and the joins' parameters."""
+        columns, joins, params = [], "", []
+        for n, (name, dated, also) in enumerate(_COUNTED):
+            live = _LIVE if table(name).expires else ""
+            joins += (f" LEFT JOIN (SELECT user_id, count(*) AS n, max({dated}) AS newest FROM {name} WHERE tenant = ?"
+                      f" AND user_id IN (SELECT user_id FROM listed){also}{live} GROUP BY user_id) AS c{n}"
+                      f" ON c{n}.user_id = p.user_id")
+            columns.append(f"coalesce(c{n}.n, 0), c{n}.newest")
+            params += [tenant, *([at] if live else [])]
+        return ", ".join(columns), joins, params
+
     def _summary(self, row: Sequence) -> UserSummary:
+        """A UserSummary from (user, then a count and a newest time per counted table)."""
         newest = [self._time_out(value) for value in row[2::2] if value is not None]
         return UserSummary(row[0], row[1], row[3], row[5], max(newest, default=None))
 
