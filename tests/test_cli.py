@@ -133,7 +133,7 @@ def test_missing_owner_says_what_to_do(tmp_path):
 def test_every_command_has_help(tmp_path):
     names = ["remember", "search", "context", "prompt", "facts", "set-fact", "forget", "forget-user", "purge",
              "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages", "learn",
-             "forget-thread", "list", "get", "forget-fact", "forget-tenant", "stats"]
+             "forget-thread", "list", "get", "forget-fact", "forget-tenant", "stats", "users"]
     for name in names:
         proc = ok(tmp_path, name, "--help")
         assert "Usage" in proc.stdout and len(proc.stdout) > 100, name
@@ -395,6 +395,34 @@ def test_list_get_forget_fact_stats_and_forget_tenant(tmp_path):
     assert ok(tmp_path, "list").stderr.strip() == "no memories"
 
 
+def test_users_lists_the_tenants_users_with_counts_paged_and_filtered(tmp_path):
+    ok(tmp_path, "remember", "net", "The printer jams.")
+    ok(tmp_path, "set-fact", "user_name", "Kaleb")
+    ok(tmp_path, "--user", "maya", "log", "t1", "user", "hello")
+    ok(tmp_path, "--user", "max_b", "set-fact", "k", "v")
+    ok(tmp_path, "--tenant", "elsewhere", "--user", "zoe", "set-fact", "k", "v")
+    listed = ok(tmp_path, "users")
+    assert [line.split(",")[0] for line in listed.stdout.splitlines()] == [
+        "kaleb  1 memory", "max_b  0 memories", "maya  0 memories"]
+    assert "1 fact, 0 messages, newest " in listed.stdout.splitlines()[0]
+    first = ok(tmp_path, "users", "--limit", "1", "--contains", "MA")
+    assert first.stdout.startswith("max_b  ")
+    more = first.stderr.strip()
+    assert more.startswith("more: memshelf users --contains MA --cursor ")
+    rest = ok(tmp_path, *more.removeprefix("more: memshelf ").split())
+    assert rest.stdout.startswith("maya  0 memories, 0 facts, 1 message") and rest.stderr == ""
+    assert ok(tmp_path, "users", "--contains", "_").stdout.startswith("max_b  ")
+    assert ok(tmp_path, "users", "--contains", "%").stderr.strip() == "no users whose id contains '%'"
+    as_json = json.loads(ok(tmp_path, "--json", "users", "--tenant", "elsewhere").stdout)
+    assert as_json == {"users": [{"user": "zoe", "memories": 0, "facts": 1, "messages": 0,
+                                  "newest_at": as_json["users"][0]["newest_at"]}], "next_cursor": None}
+    no_tenant = run(tmp_path, "users", env={"MEMSHELF_TENANT": ""})
+    assert no_tenant.returncode == 1 and no_tenant.stderr.strip() == (
+        "error: no tenant given: pass --tenant (or set MEMSHELF_TENANT)")
+    bad = run(tmp_path, "users", "--cursor", "c1.nope")
+    assert bad.returncode == 1 and "pass next_cursor unchanged" in bad.stderr
+
+
 def test_memshelf_options_work_after_the_command(tmp_path):
     """Users and MCP client configs put --json, --db, --tenant and --user after the verb; a verb's own option of the
     same name (keys create --tenant, learn --json) keeps its meaning, and nothing after `--` is taken."""
@@ -432,7 +460,7 @@ print("loaded:", sorted(name for name in ("torch", "sentence_transformers", "tra
 
 @pytest.mark.parametrize("args", [
     ("facts",), ("list",), ("get", "m_0123456789abcdef"), ("forget", "m_0123456789abcdef"), ("forget-fact", "k"),
-    ("export",), ("stats",), ("keys", "list"), ("messages",), ("forget-user", "--yes"), ("purge",),
+    ("export",), ("stats",), ("keys", "list"), ("messages",), ("forget-user", "--yes"), ("purge",), ("users",),
 ], ids=lambda args: " ".join(args))
 def test_commands_that_need_no_embedding_never_load_the_model(tmp_path, args):
     """With the default (local) embedder configured, reading, listing, exporting and erasing take well under a

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from memshelf import ExtractorError, ExtractorUnavailable, Proposal, Shelf
+from memshelf import ExtractorError, ExtractorUnavailable, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, register_extractor
 from memshelf.server import MAX_BODY_BYTES, create_app
 
@@ -283,6 +283,37 @@ def test_admin_erases_a_tenant_and_purges(admin: httpx.Client, deployment: Deplo
     assert "memories" in admin.get("/v1/admin/stats").json()
 
 
+# ---------------------------------------------------------------------------------------------- a tenant's users
+
+def test_users_of_the_keys_tenant_page_with_their_counts_and_filter(served: httpx.Client, target: str) -> None:
+    names = ["ana", "ben", "bob", "cy", "dan_b"]
+    for user in names:
+        remember(served, user, f"{user}'s desk is by the window.")
+    assert served.put("/v1/users/bob/facts/city", json={"value": "Lisbon"}).status_code == 200
+    log(served, "cy", "hello", "again")
+    with Shelf.open(target, embedder=None) as shelf:
+        shelf.remember(Owner("globex", "bea"), "office", "Another tenant's user.")
+    pages = [served.get("/v1/users", params={"limit": 2})]
+    while pages[-1].json()["next_cursor"] is not None:
+        pages.append(served.get("/v1/users", params={"limit": 2, "cursor": pages[-1].json()["next_cursor"]}))
+    assert [r.status_code for r in pages] == [200, 200, 200]
+    listed = [u for page in pages for u in page.json()["items"]]
+    assert [u["user"] for u in listed] == names
+    assert {k: v for k, v in listed[2].items() if k != "newest_at"} == {"user": "bob", "memories": 1, "facts": 1,
+                                                                         "messages": 0}
+    assert (listed[3]["memories"], listed[3]["messages"]) == (1, 2) and listed[3]["newest_at"]
+    by_filter = served.get("/v1/users", params={"contains": "N_"}).json()
+    assert [u["user"] for u in by_filter["items"]] == ["dan_b"] and by_filter["next_cursor"] is None
+    assert served.get("/v1/users", params={"contains": ""}).json()["items"] == listed
+    error = assert_error(served.get("/v1/users", params={"cursor": "ana"}), 422, "invalid_input")
+    assert "pass next_cursor unchanged" in error["message"]
+
+
+def test_an_admin_key_lists_no_users(admin: httpx.Client) -> None:
+    error = assert_error(admin.get("/v1/users"), 403, "forbidden")
+    assert "use a key bound to a tenant" in error["message"]
+
+
 # ---------------------------------------------------------------------------------------------- learning
 
 @pytest.fixture
@@ -418,7 +449,7 @@ def test_an_extractor_whose_service_is_down_is_503_with_retry_after(acme: httpx.
 ], ids=["none", "empty-bearer", "wrong", "basic", "wrong-x-api-key", "huge"])
 @pytest.mark.parametrize("method, path", [
     ("GET", "/v1/users/alice/memories"), ("POST", "/v1/users/alice/search"), ("DELETE", "/v1/users/alice"),
-    ("GET", "/v1/admin/keys"), ("POST", "/mcp"), ("GET", "/v1/nowhere"),
+    ("GET", "/v1/users"), ("GET", "/v1/admin/keys"), ("POST", "/mcp"), ("GET", "/v1/nowhere"),
 ])
 def test_missing_or_wrong_key_is_401(anonymous: httpx.Client, headers: dict[str, str], method: str,
                                      path: str) -> None:
@@ -545,6 +576,10 @@ BAD_INPUT = [
     ("learn-empty-thread", "POST", "/v1/users/u/learn", {"thread": ""}, 422, "validation_error"),
     ("forget-thread-cascade-not-bool", "DELETE", "/v1/users/u/threads/t?cascade=maybe", None, 422,
      "validation_error"),
+    ("users-bad-cursor", "GET", "/v1/users?cursor=c1.bogus", None, 422, "invalid_input"),
+    ("users-limit-zero", "GET", "/v1/users?limit=0", None, 422, "validation_error"),
+    ("users-filter-with-a-control-character", "GET", "/v1/users?contains=a%01b", None, 422, "invalid_input"),
+    ("users-filter-too-long", "GET", "/v1/users?contains=" + "x" * 201, None, 422, "validation_error"),
     ("unknown-route", "GET", "/v1/users/u/nothing-here", None, 404, "not_found"),
     ("wrong-method", "PATCH", "/v1/users/u/memories", None, 405, "method_not_allowed"),
 ]

@@ -156,3 +156,16 @@ def test_a_sql_backend_writes_only_the_memory_half_and_a_small_dialect():
         overridden = {name for name in RecordStore.__abstractmethods__ | AdminStore.__abstractmethods__
                       if name in vars(backend)}
         assert overridden == set(), f"{backend.__name__} writes {overridden} again instead of sharing them"
+
+
+def test_a_user_is_listed_exactly_while_an_export_of_them_holds_a_record(backend, target, shelf):
+    """Store.page_users reads the registry's tables: a user left with only a learning watermark is listed, with
+    nothing counted, as an export of them still holds that record; erased, they are gone from the list."""
+    from memshelf import UserSummary
+    from memshelf.stores.base import Mark
+
+    shelf.store.set_learn_mark(OTHER, "t1", Mark("msg_0123456789abcdef", shelf.now()), shelf.now())
+    assert [r["kind"] for r in shelf.export(OTHER)] == ["memshelf-export", "learn_mark"]
+    assert shelf.list_users("acme") == ([UserSummary("other", 0, 0, 0, None)], None)
+    shelf.forget_user(OTHER)
+    assert shelf.list_users("acme") == ([], None)

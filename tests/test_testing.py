@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import memshelf
 
 # A backend author's whole test file: a store of their own (here the SQLite store under another class and another
@@ -62,3 +64,18 @@ def test_importing_memshelf_does_not_import_pytest():
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False False"
+
+
+def test_a_backend_written_before_page_users_serves_the_rest_and_says_what_it_lacks(tmp_path):
+    from memshelf import Owner, Shelf, StoreError, Store
+    from memshelf.stores.sqlite import SQLiteStore
+
+    class OlderStore(SQLiteStore):
+        page_users = Store.page_users  # what a backend inherits when it does not implement it
+
+    with Shelf(OlderStore(str(tmp_path / "shelf.db"))) as shelf:
+        shelf.remember(Owner("home", "kaleb"), "network", "The office printer is on 192.168.1.40.")
+        assert len(shelf.list_memories(Owner("home", "kaleb"))[0]) == 1
+        with pytest.raises(StoreError, match="the OlderStore backend cannot list a tenant's users: implement "
+                                             "Store.page_users"):
+            shelf.list_users("home")

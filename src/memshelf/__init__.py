@@ -6,7 +6,7 @@ from .errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnav
                      UnknownSource)
 from .keywords import keywords
 from .learning.base import Plan, Proposal, Usage
-from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult
+from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult, UserSummary
 from .shelf import Shelf
 from .stores.base import ApiKey, Erased, Evidence, Store, register_store
 
@@ -14,6 +14,7 @@ __all__ = [
     "ApiKey", "ConfigError", "DimensionMismatch", "Embedder", "EmbedderError", "EmbedderUnavailable", "Erased",
     "Evidence", "ExtractorError", "ExtractorUnavailable", "Fact", "FactChange", "Hit", "InvalidInput", "Memory",
     "MemshelfError", "Message", "NotFound", "Owner", "Plan", "Proposal", "SearchResult", "Shelf", "Store",
-    "StoreError", "StoreUnavailable", "UnknownSource", "Usage", "keywords", "register_embedder", "register_store",
+    "StoreError", "StoreUnavailable", "UnknownSource", "Usage", "UserSummary", "keywords", "register_embedder",
+    "register_store",
 ]
 __version__ = "0.1.0"

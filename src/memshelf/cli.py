@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -110,6 +111,11 @@ class Settings:
             raise MemshelfError("no owner given: pass --tenant and --user (or set MEMSHELF_TENANT and MEMSHELF_USER)")
         return Owner(self.tenant, self.user)
 
+    def the_tenant(self) -> str:
+        if not self.tenant:
+            raise MemshelfError("no tenant given: pass --tenant (or set MEMSHELF_TENANT)")
+        return self.tenant
+
 
 def _embedder_help() -> str:
     """The --embedder help, naming every provider installed (built in or a plugin's) without loading any."""
@@ -204,6 +210,29 @@ def list_(ctx: typer.Context, limit: int = typer.Option(50, help="How many memor
         err.print(plain(f"more: memshelf list --cursor {next_cursor}"))
     elif not page:
         err.print("no memories")
+
+
+@app.command()
+def users(ctx: typer.Context, limit: int = typer.Option(50, help="How many users per page."),
+          cursor: str | None = typer.Option(None, help="The next page's cursor, as the last page printed it."),
+          contains: str | None = typer.Option(None, help="Only users whose id contains this text (ASCII letters "
+                                                         "in either case).")) -> None:
+    """List the tenant's users by id, with how many live memories, facts and messages each has."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        page, next_cursor = shelf.list_users(s.the_tenant(), limit=limit, cursor=cursor, contains=contains)
+    if s.as_json:
+        _emit_json({"users": page, "next_cursor": next_cursor})
+        return
+    for user in page:
+        newest = f", newest {user.newest_at:%Y-%m-%d %H:%M}" if user.newest_at else ""
+        out.print(plain(f"{user.user}  {counted(user.memories, 'memories')}, {counted(user.facts, 'facts')}, "
+                        f"{counted(user.messages, 'messages')}{newest}"))
+    if next_cursor:
+        again = f" --contains {shlex.quote(contains)}" if contains else ""
+        err.print(plain(f"more: memshelf users{again} --cursor {next_cursor}"))
+    elif not page:
+        err.print("no users" + (f" whose id contains {contains!r}" if contains else ""))
 
 
 @app.command()

@@ -51,6 +51,20 @@ def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> st
     return check_encodable(kind, value)
 
 
+def check_filter(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str | None:
+    """Text a filter looks for inside identifiers (None or empty: no filter). What no identifier holds is refused:
+    control characters, more characters than the longest identifier."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{kind} must be text, got {type(value).__name__}")
+    if len(value) > limit:
+        raise InvalidInput(f"{kind} is {len(value)} characters long and an identifier at most {limit}: shorten it")
+    if _CONTROL.search(value):
+        raise InvalidInput(f"{kind} contains control characters, which no identifier holds: use printable text")
+    return check_encodable(kind, value)
+
+
 def check_encodable(kind: str, value: str) -> str:
     """The text itself, if it is valid Unicode: a lone surrogate ("\\ud800") cannot be stored or sent anywhere."""
     try:
@@ -225,6 +239,18 @@ class Message:
     content: str
     created_at: datetime
     expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserSummary:
+    """One of a tenant's users and how many live records they have: current memories (neither expired nor
+    superseded), facts, and messages not expired."""
+
+    user: str
+    memories: int
+    facts: int
+    messages: int
+    newest_at: datetime | None = None  # when the newest of those records was written; None when none is live
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,9 @@ from .keywords import search_terms
 from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
-                    Memory, Message, NewMemory, Owner, SearchResult, Sources, check_encodable, check_role, check_text,
-                    check_topic, check_ttl, check_when, counted, missing_changes, resolve_expiry, sources_from_text,
-                    utcnow)
+                    Memory, Message, NewMemory, Owner, SearchResult, Sources, UserSummary, check_encodable,
+                    check_filter, check_role, check_text, check_topic, check_ttl, check_when, counted, missing_changes,
+                    resolve_expiry, sources_from_text, utcnow)
 from ._retrieval import Candidate, fuse, order
 from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
 from .stores.tables import exported_kinds
@@ -146,11 +146,43 @@ def _check_backfill(batch_size: object, progress: object) -> None:
 
 CURSOR_PREFIX = "c1."
 MAX_CURSOR_CHARS = 200
+MAX_USERS_CURSOR_CHARS = 1_200
+"""A cursor of users holds a user id: up to 200 characters of up to 4 bytes each, in base64."""
+
+
+def _scope_check(*names: str) -> str:
+    """A short tag of whose records a cursor pages through (an owner's, a tenant's users), so that a cursor given
+    for one is refused for another."""
+    return hashlib.sha256("\x00".join(names).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _owner_check(owner: Owner) -> str:
-    """A short tag of the owner, in a cursor so that one owner's cursor is refused for another."""
-    return hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return _scope_check(owner.tenant, owner.user)
+
+
+def _cursor_of(fields: Sequence[str | None]) -> str:
+    payload = json.dumps(list(fields), separators=(",", ":"), ensure_ascii=False)
+    return CURSOR_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+def _cursor_fields(cursor: object, refused: InvalidInput, longest: int = MAX_CURSOR_CHARS) -> list[str]:
+    """The fields of a cursor _cursor_of made; `refused` is raised for anything else."""
+    if not isinstance(cursor, str) or not cursor.startswith(CURSOR_PREFIX) or len(cursor) > longest:
+        raise refused
+    body = cursor[len(CURSOR_PREFIX):]
+    try:
+        fields = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise refused from exc
+    if not isinstance(fields, list) or not all(isinstance(field, str) for field in fields):
+        raise refused
+    return fields
+
+
+def _refused(cursor: object, whose: str, start: str) -> InvalidInput:
+    shown = repr(cursor[:40]) if isinstance(cursor, str) else f"of type {type(cursor).__name__}"
+    return InvalidInput(f"cursor {shown} is not one this shelf gave out for {whose}: pass next_cursor unchanged, "
+                        f"or leave cursor out to start from {start}")
 
 
 def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int) -> str | None:
@@ -158,29 +190,41 @@ def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int) -> 
     and id, owner-scoped, so it reveals nothing about other owners' records or how many there are."""
     if len(page) < limit:
         return None
-    last = page[-1]
-    payload = json.dumps([_owner_check(owner), exports.iso(last.created_at), last.id], separators=(",", ":"))
-    return CURSOR_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+    return _cursor_of([_owner_check(owner), exports.iso(page[-1].created_at), page[-1].id])
 
 
 def _read_cursor(owner: Owner, kind: str, cursor: object) -> Position | None:
     """Where the previous page ended, from the next_cursor a list_* call gave this owner (None: start at the newest)."""
     if cursor is None:
         return None
-    shown = repr(cursor[:40]) if isinstance(cursor, str) else f"of type {type(cursor).__name__}"
-    refused = InvalidInput(f"cursor {shown} is not one this shelf gave out for {owner}: pass next_cursor unchanged, "
-                           "or leave cursor out to start from the newest")
-    if not isinstance(cursor, str) or not cursor.startswith(CURSOR_PREFIX) or len(cursor) > MAX_CURSOR_CHARS:
-        raise refused
-    body = cursor[len(CURSOR_PREFIX):]
+    refused = _refused(cursor, str(owner), "the newest")
     try:
-        tag, when, record_id = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        tag, when, record_id = _cursor_fields(cursor, refused)
         created = datetime.fromisoformat(when)
-    except (ValueError, TypeError, binascii.Error) as exc:
+    except ValueError as exc:
         raise refused from exc
     if tag != _owner_check(owner) or not is_id(kind, record_id) or created.tzinfo is None:
         raise refused
     return Position(created, record_id)
+
+
+def _next_users_cursor(tenant: str, page: Sequence[UserSummary], limit: int) -> str | None:
+    """The cursor of the tenant's next page of users (None after the last): the last user id, tenant-scoped."""
+    return None if len(page) < limit else _cursor_of([_scope_check(tenant), page[-1].user])
+
+
+def _read_users_cursor(tenant: str, cursor: object) -> str | None:
+    """The user id the previous page of the tenant's users ended with (None: start at the first)."""
+    if cursor is None:
+        return None
+    refused = _refused(cursor, f"the users of tenant {tenant!r}", "the first user")
+    fields = _cursor_fields(cursor, refused, MAX_USERS_CURSOR_CHARS)
+    if len(fields) != 2 or fields[0] != _scope_check(tenant):
+        raise refused
+    try:
+        return Owner(tenant, fields[1]).user  # a user id the store can take (no NUL, no lone surrogate)
+    except InvalidInput as exc:
+        raise refused from exc
 
 
 class Shelf:
@@ -360,6 +404,19 @@ class Shelf:
         limit = _check_limit(limit)
         page = self.store.page_memories(owner, after, limit, self.now())
         return page, _next_cursor(owner, page, limit)
+
+    def list_users(self, tenant: str, *, limit: int = 50, cursor: str | None = None,
+                   contains: str | None = None) -> tuple[list[UserSummary], str | None]:
+        """One page of the tenant's users by user id, each with how many live memories (current ones), facts and
+        messages they have, and the cursor of the next page (None at the end). A user is listed while an export of
+        them would hold a record. contains: only users whose id contains this text, ASCII letters in either case
+        (None or empty: every user)."""
+        Owner(tenant, "-")  # same validation as an owner's tenant
+        after = _read_users_cursor(tenant, cursor)
+        limit = _check_limit(limit)
+        contains = check_filter("contains", contains)
+        page = self.store.page_users(tenant, after, limit, contains, self.now())
+        return page, _next_users_cursor(tenant, page, limit)
 
     def forget(self, owner: Owner, memory_id: str) -> Erased:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""

@@ -17,8 +17,9 @@ from ..stores.base import ApiKey
 from ._errors import KEY_HINT, ApiError
 from ._schemas import IDENTIFIER
 
-__all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "UserPath", "admin_key",
-           "caller_key", "offset_cursor", "page_of", "read_offset_cursor", "shelf_of", "user_owner"]
+__all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "TenantDep", "UserPath",
+           "admin_key", "caller_key", "key_tenant", "offset_cursor", "page_of", "read_offset_cursor", "shelf_of",
+           "user_owner"]
 
 MAX_LIST_LIMIT = 1_000
 
@@ -75,12 +76,17 @@ async def caller_key(request: Request, _bearer_doc: Any = Security(_bearer),
     return key  # type: ignore[no-any-return]
 
 
-async def user_owner(user: UserPath, key: ApiKey = Depends(caller_key)) -> Owner:
-    """The owner of a user route: the tenant always comes from the key, the user from the path."""
+async def key_tenant(key: ApiKey = Depends(caller_key)) -> str:
+    """The tenant of a route that reads a tenant's data: always the key's; an admin key has none."""
     if key.tenant is None:
         raise ApiError(403, "forbidden", "admin keys only manage keys and tenants (/v1/admin): use a key bound "
                                          "to a tenant for user data")
-    return Owner(key.tenant, user)
+    return key.tenant
+
+
+async def user_owner(user: UserPath, tenant: str = Depends(key_tenant)) -> Owner:
+    """The owner of a user route: the tenant always comes from the key, the user from the path."""
+    return Owner(tenant, user)
 
 
 async def admin_key(key: ApiKey = Depends(caller_key)) -> ApiKey:
@@ -93,4 +99,5 @@ async def admin_key(key: ApiKey = Depends(caller_key)) -> ApiKey:
 # The dependencies are async because they never block: a sync one would cost a trip to the thread pool.
 ShelfDep = Annotated[Shelf, Depends(shelf_of)]
 OwnerDep = Annotated[Owner, Depends(user_owner)]
+TenantDep = Annotated[str, Depends(key_tenant)]
 AdminDep = Annotated[ApiKey, Depends(admin_key)]

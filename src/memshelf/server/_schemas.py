@@ -15,14 +15,14 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from ..learning.base import Plan, Proposal, Usage
 from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
-                     Message, Mode, ROLES)
+                     Message, Mode, ROLES, UserSummary)
 from ..stores.base import ApiKey, Erased
 
-__all__ = ["DECLARED_SOURCES", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
+__all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
            "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut", "FactChangeOut", "FactIn",
            "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "LearnIn", "MemoryIn", "MemoryOut", "MessageIn",
            "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut", "PromptIn", "PromptOut", "ProposalOut", "SearchIn",
-           "SearchOut", "Strict", "TurnIn", "UsageOut", "erased_response", "fields_of"]
+           "SearchOut", "Strict", "TurnIn", "UsageOut", "UserOut", "erased_response", "fields_of"]
 
 MAX_SEARCH_LIMIT = 100
 MAX_BATCH = 1_000
@@ -45,6 +45,8 @@ IDENTIFIER = {"pattern": rf"^[^\x00-\x1f\x7f]*[^{_SPACE}\x00-\x1f\x7f][^\x00-\x1
 TEXT = {"pattern": rf"^[^\x00]*[^{_SPACE}\x00][^\x00]*$"}
 """Stored text (content, topic, thread, role, fact key and value): no NUL, not only spaces."""
 NO_NUL = {"pattern": r"^[^\x00]*$"}
+FILTER = {"pattern": r"^[^\x00-\x1f\x7f]*$"}
+"""Text a filter looks for in identifiers: no control characters (no identifier has any)."""
 NOT_BLANK = {"pattern": rf"[^{_SPACE}]"}
 """An id: anything but only spaces."""
 DECLARED_SOURCES = "x-memshelf-declared-sources"
@@ -236,6 +238,11 @@ def erased_response(erased: Erased) -> Response:
 
 @fields_of(Erased)
 class ErasedOut(Out):
+    pass
+
+
+@fields_of(UserSummary)
+class UserOut(Out):
     pass
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import DimensionMismatch, InvalidInput, StoreError, StoreUnavailable
 from .._ids import new_id
-from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
+from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner, UserSummary
 from .base import (CONTEXT_TURNS, CURRENT, AdminStore, ApiKey, Erased, Evidence, Mark, MemoryStore, Observation,
                    Pending, Position, RecordStore, Scored, Store, View, digest, observe_again)
 from .registry import StoreFactory, StoreProvider, open_store, register_store
@@ -23,6 +23,6 @@ __all__ = [
     "DimensionMismatch", "Erased", "Evidence", "Fact", "FactChange", "InvalidInput", "Mark", "Memory", "MemoryStore",
     "Message", "NewMemory", "Observation", "Owner", "OwnerTable", "Pending", "Position", "RecordStore", "Rows",
     "SQLRecords", "Scored", "Statements", "Store", "StoreError", "StoreFactory", "StoreProvider", "StoreUnavailable",
-    "View", "digest", "earlier_turns", "erased_from", "later_turns", "memory_from_row", "new_id", "observe_again",
-    "open_store", "register_store", "view_condition",
+    "UserSummary", "View", "digest", "earlier_turns", "erased_from", "later_turns", "memory_from_row", "new_id",
+    "observe_again", "open_store", "register_store", "view_condition",
 ]

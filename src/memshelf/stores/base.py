@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner
+from ..errors import StoreError
+from ..model import Fact, FactChange, Memory, Message, NewMemory, Owner, UserSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +345,19 @@ class AdminStore(ABC):
     @abstractmethod
     def owners(self) -> list[Owner]:
         """Every owner with at least one record (for migration between backends)."""
+
+    def page_users(self, tenant: str, after: str | None, limit: int, contains: str | None,
+                   now: datetime) -> list[UserSummary]:
+        """One page of the tenant's users, by user id ascending, starting after the user id `after` (None: the
+        first): every user an export would hold a live record of (tables.listed_user_tables), with the counts
+        UserSummary names. contains: only users whose id contains this text, ASCII letters matched in either case
+        and every other character as it is (`%` and `_` are plain characters).
+
+        Not abstract, so that a backend written before it still opens and serves everything else; such a backend
+        says so here until it implements it."""
+        raise StoreError(f"the {type(self).__name__} backend cannot list a tenant's users",
+                         "implement Store.page_users in it (memshelf.testing's contract suite tests it), or use "
+                         "the sqlite or postgres backend")
 
     def stats(self) -> dict[str, int]:
         return {}

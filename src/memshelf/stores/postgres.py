@@ -537,6 +537,7 @@ class PostgresStore(SQLRecords):
     # ------------------------------------------------------------ the records half's dialect (sql_records.py)
     PARAM = "%s"
     LOCK_ROW = " FOR UPDATE"
+    FOLDED_USER = 'lower(user_id COLLATE "C")'  # the C collation's lower() folds only ASCII, as SQLite's does
 
     def _time_in(self, value: datetime | None) -> datetime | None:
         return value

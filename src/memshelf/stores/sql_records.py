@@ -24,15 +24,17 @@ context, which SQLite keeps as text in a full-text column and PostgreSQL as a ts
 
 from __future__ import annotations
 
+import string
 from abc import abstractmethod
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, ClassVar, Protocol
 from collections.abc import Callable, Sequence
 
-from ..model import Fact, FactChange, Memory, Message, Owner
+from ..model import Fact, FactChange, Memory, Message, Owner, UserSummary
 from .base import CONTEXT_TURNS, ApiKey, Erased, Evidence, Mark, Position, Store, View
-from .tables import OWNER_TABLES, expiring_record_tables, owner_listing_sql, record_tables, stats_sql
+from .tables import (OWNER_TABLES, OwnerTable, expiring_record_tables, listed_user_tables, owner_listing_sql,
+                     record_tables, stats_sql, table)
 
 
 class Rows(Protocol):
@@ -101,6 +103,23 @@ def erased_from(counts: dict[str, int], scrub_pending: bool = False) -> Erased:
     return Erased(**fields, scrub_pending=scrub_pending)
 
 
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _like_pattern(contains: str) -> str:
+    """A LIKE pattern (escape character `\\`) matching text that contains `contains`, ASCII letters folded to
+    lowercase as FOLDED_USER folds the column: `%` and `_` are matched as themselves."""
+    folded = contains.translate(_ASCII_LOWER)
+    return "%" + folded.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+_COUNTED = (("memories", "created_at", " AND superseded_at IS NULL"), ("facts", "updated_at", ""),
+            ("messages", "created_at", ""))
+"""What a user summary counts, in UserSummary's order: the table, the column its newest row is dated by, and what
+else a counted row must be (a superseded memory is not counted). An expired row never counts."""
+_LIVE = " AND (expires_at IS NULL OR expires_at > ?)"
+"""What a row of a table with expiry must meet to be live at the instant given."""
+
 _USER = "tenant = ? AND user_id = ?"
 _KEY_COLUMNS = "id, tenant, name, created_at, revoked_at"
 _FACT_HISTORY_INSERT = ("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
@@ -116,6 +135,9 @@ class SQLRecords(Store):
     """How the driver marks a parameter."""
     LOCK_ROW: ClassVar[str] = ""
     """Appended to a SELECT that must lock the row it reads until the transaction ends."""
+    FOLDED_USER: ClassVar[str] = "lower(user_id)"
+    """The user_id column with its ASCII letters made lowercase and every other character left as it is: how a
+    user filter compares it, alike on every backend (SQLite's lower() folds only ASCII)."""
     DERIVED_TABLES: ClassVar[tuple[str, ...]] = ()
     """Per-owner tables the backend derives from the registry's (not exported, not copied), erased with their
     owner: e.g. SQLite's owner_generation counters."""
@@ -438,6 +460,62 @@ class SQLRecords(Store):
         with self._admin_scope(write=False) as db:
             rows = db.execute(owner_listing_sql()).fetchall()
         return [Owner(r[0], r[1]) for r in rows]
+
+    def page_users(self, tenant: str, after: str | None, limit: int, contains: str | None,
+                   now: datetime) -> list[UserSummary]:
+        """One statement in the tenant's scope: the page's users (_listed_users), each counted (_counts_of_listed)."""
+        at = self._time_in(now)
+        listed, listed_params = self._listed_users(tenant, after, limit, contains, at)
+        columns, joins, counted_params = self._counts_of_listed(tenant, at)
+        query = f"WITH listed AS ({listed}) SELECT p.user_id, {columns} FROM listed p{joins} ORDER BY p.user_id"
+        with self._owner_scope(tenant, write=False) as db:
+            rows = db.execute(self._sql(query), (*listed_params, *counted_params)).fetchall()
+        return [self._summary(row) for row in rows]
+
+    def _listed_users(self, tenant: str, after: str | None, limit: int, contains: str | None,
+                      at: Any) -> tuple[str, list[Any]]:
+        """SQL (with `?`) selecting the page's user ids, and its parameters: each listed table gives its first
+        `limit` users past `after` with a live row that matches the filter (so an index on (tenant, user_id) serves
+        every page), and the first `limit` of them all are the page."""
+        selects, params = [], []
+        for n, entry in enumerate(listed_user_tables()):
+            where, more = self._listed_where(entry, after, contains, at)
+            selects.append(f"SELECT user_id FROM (SELECT DISTINCT user_id FROM {entry.name} WHERE tenant = ?{where}"
+                           f" ORDER BY user_id LIMIT ?) AS l{n}")
+            params += [tenant, *more, limit]
+        return f"SELECT user_id FROM ({' UNION '.join(selects)}) AS u ORDER BY user_id LIMIT ?", params + [limit]
+
+    def _listed_where(self, entry: OwnerTable, after: str | None, contains: str | None,
+                      at: Any) -> tuple[str, list[Any]]:
+        """The conditions (with `?`, each starting with AND) and parameters a table's row must meet to list its
+        user on this page: past `after`, not expired, and matching the filter."""
+        where, params = "", []
+        if after is not None:
+            where, params = " AND user_id > ?", [after]
+        if entry.expires:
+            where, params = where + _LIVE, params + [at]
+        if contains:
+            where, params = where + f" AND {self.FOLDED_USER} LIKE ? ESCAPE '\\'", params + [_like_pattern(contains)]
+        return where, params
+
+    @staticmethod
+    def _counts_of_listed(tenant: str, at: Any) -> tuple[str, str, list[Any]]:
+        """The columns (each counted table's count and newest time), the joins that make them for the users of
+        `listed`, and the joins' parameters."""
+        columns, joins, params = [], "", []
+        for n, (name, dated, also) in enumerate(_COUNTED):
+            live = _LIVE if table(name).expires else ""
+            joins += (f" LEFT JOIN (SELECT user_id, count(*) AS n, max({dated}) AS newest FROM {name} WHERE tenant = ?"
+                      f" AND user_id IN (SELECT user_id FROM listed){also}{live} GROUP BY user_id) AS c{n}"
+                      f" ON c{n}.user_id = p.user_id")
+            columns.append(f"coalesce(c{n}.n, 0), c{n}.newest")
+            params += [tenant, *([at] if live else [])]
+        return ", ".join(columns), joins, params
+
+    def _summary(self, row: Sequence) -> UserSummary:
+        """A UserSummary from (user, then a count and a newest time per counted table)."""
+        newest = [self._time_out(value) for value in row[2::2] if value is not None]
+        return UserSummary(row[0], row[1], row[3], row[5], max(newest, default=None))
 
     def stats(self) -> dict[str, int]:
         query, names = stats_sql()

@@ -1,6 +1,7 @@
-"""The registry of per-owner tables: the one list that erase, owners(), purge, stats, export/import, migrate's copy
-and verify, and PostgreSQL's row-level security read. Adding an owner table is one entry here plus its DDL (a
-migration per backend; on PostgreSQL, `_postgres_schema.tenant_wall` gives it the same wall as the others).
+"""The registry of per-owner tables: the one list that erase, owners(), a tenant's user list, purge, stats,
+export/import, migrate's copy and verify, and PostgreSQL's row-level security read. Adding an owner table is one
+entry here plus its DDL (a migration per backend; on PostgreSQL, `_postgres_schema.tenant_wall` gives it the same
+wall as the others).
 
 A table's rows are kept by one half of the store contract: `memories` and `memory_pieces` by the memory-and-search
 half (each backend indexes them its own way, so each deletes their rows its own way; pieces go with their memory,
@@ -85,6 +86,12 @@ def owner_listing_sql() -> str:
     """Every (tenant, user_id) with a row in any per-user table, sorted; the same SQL on every backend."""
     selects = " UNION ".join(f"SELECT tenant, user_id FROM {t.name}" for t in OWNER_TABLES if t.per_user)
     return f"{selects} ORDER BY 1, 2"
+
+
+def listed_user_tables() -> tuple[OwnerTable, ...]:
+    """The tables whose live rows (those not expired) make a user one of the tenant's users (Store.page_users): the
+    per-user tables an export reads, so a user is listed exactly while an export of them holds a record."""
+    return tuple(t for t in OWNER_TABLES if t.per_user and t.kind)
 
 
 def stats_sql() -> tuple[str, tuple[str, ...]]:

@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime, timedelta, UTC
 
 import pytest
 
 from ..errors import ConfigError, InvalidInput, NotFound, UnknownSource
-from ..model import MAX_CONTENT_CHARS, Owner
+from ..model import MAX_CONTENT_CHARS, Owner, UserSummary
 from ..stores.base import Evidence, Mark
 from . import clock, open_shelf, shelf
 
@@ -680,6 +681,93 @@ def test_export_import_carries_supersession_evidence_and_watermarks(shelf, clock
     assert contents(shelf.search(MAYA, "Kaleb lives")) == ["Kaleb lives in Lisbon."]
     assert shelf.import_(MAYA, (json.loads(line) for line in exported.splitlines())) == {
         "memories": 0, "facts": 0, "messages": 0, "evidence": 0, "learn_marks": 0}
+
+
+# ---------------------------------------------------------------- a tenant's users
+def test_users_are_listed_with_their_live_records_counted(shelf, clock):
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    clock.advance(1)
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())  # superseded: not counted
+    shelf.remember(KALEB, "note", "Gone in a minute.", ttl=60)
+    shelf.set_fact(KALEB, "user_name", "Kal")
+    shelf.set_fact(KALEB, "user_name", "Kaleb")  # one fact, however often it changed
+    shelf.set_fact(KALEB, "city", "Lisbon")
+    shelf.log_message(KALEB, "t1", "user", "I moved to Lisbon.")
+    shelf.log_message(KALEB, "t1", "user", "Gone in a minute too.", ttl=60)
+    clock.advance(1)
+    shelf.set_fact(SAME_TENANT_OTHER_USER, "user_name", "Maya")
+    maya_set_at = shelf.now()
+    shelf.remember(Owner("home", "ghost"), "note", "Only this, and it expires.", ttl=30)
+    shelf.remember(SAME_USER_OTHER_TENANT, "home", "Another tenant's Kaleb.")
+    shelf.remember(Owner("other", "zoe"), "home", "Another tenant's user.")
+    kaleb_active_at = shelf.now() - timedelta(seconds=1)
+    clock.advance(61)  # the ttl'd memories and message have expired: ghost has nothing live left
+    users, cursor = shelf.list_users("home")
+    assert cursor is None
+    assert users == [UserSummary("kaleb", memories=1, facts=2, messages=1, newest_at=kaleb_active_at),
+                     UserSummary("maya", memories=0, facts=1, messages=0, newest_at=maya_set_at)]
+    assert [u.user for u in shelf.list_users("other")[0]] == ["kaleb", "zoe"]
+    assert shelf.list_users("nobody") == ([], None)
+
+
+def test_user_pages_reach_every_user_exactly_once(shelf):
+    names = [f"user{i:02d}" for i in range(23)]
+    writes = [lambda owner: shelf.remember(owner, "t", "a line"), lambda owner: shelf.set_fact(owner, "k", "v"),
+              lambda owner: shelf.log_message(owner, "t1", "user", "hi")]
+    for i, name in enumerate(names):  # each kind of record alone makes a user
+        writes[i % 3](Owner("home", name))
+    shelf.remember(Owner("other", "user05b"), "t", "another tenant's user, between two of home's")
+    pages, cursor = [], None
+    while True:
+        page, cursor = shelf.list_users("home", limit=5, cursor=cursor)
+        pages.append([u.user for u in page])
+        if cursor is None:
+            break
+    assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
+    assert [name for page in pages for name in page] == names
+    _, cursor = shelf.list_users("home", limit=5)
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_users("other", cursor=cursor)  # one tenant's cursor is no other tenant's
+    shelf.remember(MAYA, "t", "one")
+    shelf.remember(MAYA, "t", "two")
+    memories_cursor = shelf.list_memories(MAYA, limit=1)[1]
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_users("acme", cursor=memories_cursor)  # nor is a cursor of memories
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_memories(MAYA, cursor=shelf.list_users("acme", limit=1)[1] or "")
+    with pytest.raises(InvalidInput, match="limit"):
+        shelf.list_users("home", limit=0)
+    tag = json.loads(base64.urlsafe_b64decode(cursor[3:] + "==="))[0]
+    for forged in ["user\x00", "\ud800", ""]:  # the tenant's own tag, with a user id no store can take
+        payload = json.dumps([tag, forged]).encode()
+        with pytest.raises(InvalidInput, match="cursor"):
+            shelf.list_users("home", cursor="c1." + base64.urlsafe_b64encode(payload).decode())
+
+
+def test_users_filtered_by_text_their_id_contains(shelf):
+    for name in ["a%b", "axb", "aXb", "a_b", "ab", "c\\d", "Émile", "EMMA"]:
+        shelf.set_fact(Owner("home", name), "k", "v")
+    shelf.set_fact(Owner("other", "a%b2"), "k", "v")
+
+    def matching(text):
+        return {u.user for u in shelf.list_users("home", contains=text)[0]}
+
+    assert matching("%") == {"a%b"}  # a LIKE wildcard is a plain character
+    assert matching("_") == {"a_b"}
+    assert matching("\\") == {"c\\d"}
+    assert matching("X") == matching("x") == {"axb", "aXb"}  # ASCII letters in either case
+    assert matching("em") == {"EMMA"}  # É is not folded: only ASCII letters are
+    assert matching("Ém") == {"Émile"}
+    assert matching("nobody") == set()
+    assert len(matching("")) == len(matching(None)) == 8  # no filter
+    page, cursor = shelf.list_users("home", contains="a", limit=2)
+    assert len(page) == 2 and cursor is not None
+    rest = shelf.list_users("home", contains="a", cursor=cursor)[0]
+    assert {u.user for u in page + rest} == {"a%b", "axb", "aXb", "a_b", "ab", "EMMA"}
+    for bad in ["x" * 201, "a\x00b", 3]:
+        with pytest.raises(InvalidInput, match="contains"):
+            shelf.list_users("home", contains=bad)
 
 
 # What `from memshelf.testing.contract import *` brings into a test module: every test, and the fixtures they use.

@@ -1,22 +1,39 @@
-"""/v1/users/{user}: erase a user, and move a user's records out and in as JSON Lines."""
+"""/v1/users: the key's tenant's users; /v1/users/{user}: erase a user, and move a user's records out and in as
+JSON Lines."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import InvalidInput
-from .._deps import OwnerDep, ShelfDep
+from ...model import MAX_ID_CHARS
+from ...shelf import MAX_USERS_CURSOR_CHARS
+from .._deps import ListLimit, OwnerDep, ShelfDep, TenantDep
 from .._middleware import MAX_IMPORT_BYTES
-from .._schemas import ErasedOut, ImportOut
+from .._schemas import FILTER, ErasedOut, ImportOut, Page, UserOut
 
 __all__ = ["parse_json_lines", "router"]
 
 router = APIRouter(tags=["users"])
+
+
+UsersCursor = Annotated[str | None, Query(max_length=MAX_USERS_CURSOR_CHARS,
+                                          description="next_cursor of the previous page, unchanged")]
+Contains = Annotated[str | None, Query(max_length=MAX_ID_CHARS, json_schema_extra=FILTER, description=(
+    "only users whose id contains this text: ASCII letters in either case, % and _ as themselves"))]
+
+
+@router.get("/v1/users")
+def list_users(tenant: TenantDep, shelf: ShelfDep, limit: ListLimit = 50, cursor: UsersCursor = None,
+               contains: Contains = None) -> Page[UserOut]:
+    """The users of the key's tenant by user id, each with how many live memories, facts and messages they have."""
+    users, next_cursor = shelf.list_users(tenant, limit=limit, cursor=cursor, contains=contains)
+    return Page[UserOut](items=[UserOut.of(u) for u in users], next_cursor=next_cursor)
 
 
 @router.delete("/v1/users/{user}")
