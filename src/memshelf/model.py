@@ -52,17 +52,11 @@ def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> st
 
 
 def check_filter(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str | None:
-    """Text a filter looks for inside identifiers (None or empty: no filter). What no identifier holds is refused:
-    control characters, more characters than the longest identifier."""
-    if value is None or value == "":
+    """Text a filter looks for inside identifiers (None, empty or only spaces: no filter). What no identifier holds
+    is refused as an identifier is: control characters, more characters than the longest identifier."""
+    if value is None or isinstance(value, str) and not value.strip():
         return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"{kind} must be text, got {type(value).__name__}")
-    if len(value) > limit:
-        raise InvalidInput(f"{kind} is {len(value)} characters long and an identifier at most {limit}: shorten it")
-    if _CONTROL.search(value):
-        raise InvalidInput(f"{kind} contains control characters, which no identifier holds: use printable text")
-    return check_encodable(kind, value)
+    return _check_identifier(kind, value, limit)
 
 
 def check_encodable(kind: str, value: str) -> str:
