@@ -51,6 +51,11 @@ def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> st
     return check_encodable(kind, value)
 
 
+def check_tenant(tenant: object) -> str:
+    """A tenant alone (listing its users, erasing it, its keys), checked as an Owner checks its tenant."""
+    return _check_identifier("tenant", tenant)
+
+
 def check_filter(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str | None:
     """Text a filter looks for inside identifiers (None, empty or only spaces: no filter). What no identifier holds
     is refused as an identifier is: control characters, more characters than the longest identifier."""

@@ -27,8 +27,8 @@ from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, UserSummary, check_encodable,
-                    check_filter, check_role, check_text, check_topic, check_ttl, check_when, counted, missing_changes,
-                    resolve_expiry, sources_from_text, utcnow)
+                    check_filter, check_role, check_tenant, check_text, check_topic, check_ttl, check_when, counted,
+                    missing_changes, resolve_expiry, sources_from_text, utcnow)
 from ._retrieval import Candidate, fuse, order
 from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
 from .stores.tables import exported_kinds
@@ -411,7 +411,7 @@ class Shelf:
         messages they have, and the cursor of the next page (None at the end). A user is listed while an export of
         them would hold a record. contains: only users whose id contains this text, ASCII letters in either case
         (None or empty: every user)."""
-        Owner(tenant, "-")  # same validation as an owner's tenant
+        check_tenant(tenant)
         after = _read_users_cursor(tenant, cursor)
         limit = _check_limit(limit)
         contains = check_filter("contains", contains)
@@ -637,7 +637,7 @@ class Shelf:
 
     def forget_tenant(self, tenant: str) -> Erased:
         """Admin: erase every user of a tenant, and revoke its API keys first so no request acts for it after."""
-        Owner(tenant, "-")  # same validation as an owner's tenant
+        check_tenant(tenant)
         self.store.revoke_tenant_keys(tenant, self.now())
         return self.store.erase_tenant(tenant)
 
@@ -792,7 +792,7 @@ class Shelf:
         """Make an API key bound to `tenant` (None: an admin key). Returns the key and its secret, which is
         shown this once: only a hash of it is stored."""
         if tenant is not None:
-            Owner(tenant, "-")  # same validation as an owner's tenant
+            check_tenant(tenant)
         name = name or ("admin" if tenant is None else tenant)
         key = ApiKey(new_id("key"), tenant, check_text("key name", name, MAX_TOPIC_CHARS), self.now())
         secret = f"ms_{secrets.token_urlsafe(32)}"
@@ -807,7 +807,7 @@ class Shelf:
 
     def list_keys(self, tenant: str | None = None) -> list[ApiKey]:
         if tenant is not None:
-            Owner(tenant, "-")  # same validation as an owner's tenant
+            check_tenant(tenant)
         return self.store.list_keys(tenant)
 
     def revoke_key(self, key_id: str) -> None:
