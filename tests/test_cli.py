@@ -474,3 +474,27 @@ def test_commands_that_need_no_embedding_never_load_the_model(tmp_path, args):
     proc = subprocess.run([sys.executable, "-c", WHAT_LOADED, *args], capture_output=True, text=True,
                           env=environment, timeout=120)
     assert proc.stdout.splitlines()[-1].startswith("loaded: [] exit:"), (proc.stdout, proc.stderr)
+
+
+def test_list_filters_confirm_and_expire(tmp_path):
+    ok(tmp_path, "remember", "network", "The printer is on 192.168.1.40.", "--source", "inferred")
+    ok(tmp_path, "remember", "network", "The router is an ASUS.")
+    ok(tmp_path, "remember", "food", "Kaleb likes green tea.", "--source", "mined")
+    lines = ok(tmp_path, "list", "--order", "confident").stdout.splitlines()
+    assert [line.split("] ", 2)[-1] for line in lines] == [
+        "The router is an ASUS.", "Kaleb likes green tea.", "The printer is on 192.168.1.40."]
+    paged = ok(tmp_path, "list", "--topic", "network", "--limit", "1")
+    assert paged.stdout.endswith("The router is an ASUS.\n")
+    assert "more: memshelf list --topic network --cursor c1." in paged.stderr
+    assert ok(tmp_path, "list", "--contains", "TEA").stdout.endswith("Kaleb likes green tea.\n")
+    guess = json.loads(ok(tmp_path, "--json", "list", "--source", "inferred").stdout)["memories"][0]
+    confirmed = ok(tmp_path, "confirm", guess["id"])
+    assert "[1.0] [network] The printer is on 192.168.1.40." in confirmed.stdout
+    assert "was inferred" in confirmed.stderr
+    assert json.loads(ok(tmp_path, "--json", "get", guess["id"]).stdout)["confirmed_from"] == "inferred"
+    assert "expires 2" in ok(tmp_path, "expire", guess["id"], "--ttl", "3600").stderr
+    assert "never expires" in ok(tmp_path, "expire", guess["id"], "--never").stderr
+    bad = run(tmp_path, "expire", guess["id"])
+    assert bad.returncode != 0 and "give --ttl SECONDS or --never" in bad.stderr
+    unknown = run(tmp_path, "confirm", "m_0000000000000000")
+    assert unknown.returncode == 1 and "memshelf list" in unknown.stderr and "Traceback" not in unknown.stderr

@@ -784,3 +784,90 @@ def test_serve_with_two_workers_shares_one_sqlite_file(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------- the inspector
+
+def test_memories_list_by_topic_source_text_and_confidence(served: httpx.Client) -> None:
+    for content, topic, source in [("The printer is on 192.168.1.40.", "network", "inferred"),
+                                   ("The router is an ASUS.", "network", "stated"),
+                                   ("Kaleb likes green tea.", "food", "mined")]:
+        remember(served, "kaleb", content, topic, source=source)
+
+    def listed(**params: Any) -> list[str]:
+        response = served.get("/v1/users/kaleb/memories", params=params)
+        assert response.status_code == 200, response.text
+        return [m["content"] for m in response.json()["items"]]
+
+    assert listed(topic="network", source="inferred") == ["The printer is on 192.168.1.40."]
+    assert listed(contains="TEA") == ["Kaleb likes green tea."]
+    assert listed(order="confident") == ["The router is an ASUS.", "Kaleb likes green tea.",
+                                         "The printer is on 192.168.1.40."]
+    first = served.get("/v1/users/kaleb/memories", params={"order": "confident", "limit": 2}).json()
+    rest = served.get("/v1/users/kaleb/memories",
+                      params={"order": "confident", "limit": 2, "cursor": first["next_cursor"]}).json()
+    assert [m["content"] for m in rest["items"]] == ["The printer is on 192.168.1.40."]
+    error = assert_error(served.get("/v1/users/kaleb/memories", params={"cursor": first["next_cursor"]}), 422)
+    assert "pass next_cursor unchanged" in error["message"]
+    assert "newest" in assert_error(served.get("/v1/users/kaleb/memories", params={"order": "oldest"}), 422)["message"]
+    error = assert_error(served.get("/v1/users/kaleb/memories", params={"source": "crm"}), 422, "unknown_source")
+    assert "MEMSHELF_SOURCES" in error["message"]
+
+
+def test_confirm_a_guess_change_its_expiry_and_see_the_working_of_a_search(served: httpx.Client) -> None:
+    guess = remember(served, "kaleb", "The printer is on 192.168.1.40.", source="inferred")
+    assert (guess["confirmed_at"], guess["confirmed_from"]) == (None, None)
+    confirmed = served.post(f"/v1/users/kaleb/memories/{guess['id']}/confirm")
+    assert confirmed.status_code == 200, confirmed.text
+    body = confirmed.json()
+    assert (body["source"], body["confidence"], body["confirmed_from"]) == ("stated", 1.0, "inferred")
+    assert body["confirmed_at"] and body["content"] == guess["content"]
+    assert served.post(f"/v1/users/kaleb/memories/{guess['id']}/confirm").json() == body  # unchanged
+    assert_error(served.post("/v1/users/kaleb/memories/m_0000000000000000/confirm"), 404, "not_found")
+    assert_error(served.post(f"/v1/users/maya/memories/{guess['id']}/confirm"), 404, "not_found")
+
+    path = f"/v1/users/kaleb/memories/{guess['id']}"
+    moved = served.patch(path, json={"ttl": 3600})
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["expires_at"] > guess["created_at"]
+    assert served.patch(path, json={"expires_at": "2099-01-01T00:00:00Z"}).json()["expires_at"].startswith("2099")
+    assert served.patch(path, json={"expires_at": None}).json()["expires_at"] is None
+    for bad in ({}, {"ttl": 60, "expires_at": None}, {"ttl": None}, {"ttl": -5}, {"colour": "red"},
+                {"expires_at": "2099-01-01T00:00:00"}):
+        assert_error(served.patch(path, json=bad), 422)
+    error = assert_error(served.patch(path, json={"expires_at": "2001-01-01T00:00:00Z"}), 422, "invalid_input")
+    assert "already passed" in error["message"]
+    assert_error(served.patch("/v1/users/maya/memories/" + guess["id"], json={"ttl": 5}), 404, "not_found")
+
+    for mode in ("keyword", "auto"):
+        hit = served.post("/v1/users/kaleb/search", json={"question": "printer", "mode": mode}).json()["hits"][0]
+        assert (hit["retriever"], hit["details"]["keyword_rank"]) == ("keyword", 1)
+        assert hit["details"]["keyword_score"] == pytest.approx(hit["score"], abs=1e-6)
+
+
+def test_a_superseded_memory_is_listed_on_request_and_cannot_be_confirmed(served: httpx.Client, target: str) -> None:
+    old = remember(served, "kaleb", "Kaleb lives in Porto.", "home", source="inferred")
+    new = remember(served, "kaleb", "Kaleb lives in Lisbon.", "home")
+    with Shelf.open(target, embedder=None) as shelf:
+        shelf.store.supersede_memory(Owner("acme", "kaleb"), old["id"], new["id"], shelf.now())
+    listed = served.get("/v1/users/kaleb/memories", params={"include_superseded": "true"}).json()["items"]
+    assert [(m["content"], m["superseded_by"]) for m in listed] == [
+        ("Kaleb lives in Lisbon.", None), ("Kaleb lives in Porto.", new["id"])]
+    error = assert_error(served.post(f"/v1/users/kaleb/memories/{old['id']}/confirm"), 409, "conflict")
+    assert new["id"] in error["message"] and "confirm the memory that replaced it" in error["message"]
+
+
+def test_evidence_links_what_was_learned_to_the_messages(served: httpx.Client) -> None:
+    said = log(served, "kaleb", "I live in Porto.")
+    learn(served, "kaleb", thread="t1")
+    everything = served.get("/v1/users/kaleb/evidence")
+    assert everything.status_code == 200, everything.text
+    rows = everything.json()
+    assert rows and {r["message_id"] for r in rows} == set(said) and {r["thread"] for r in rows} == {"t1"}
+    one = rows[0]
+    by_record = served.get("/v1/users/kaleb/evidence",
+                           params={"memory_id" if one["kind"] == "memory" else "key": one["record"]}).json()
+    assert one in by_record
+    assert served.get("/v1/users/maya/evidence").json() == []
+    error = assert_error(served.get("/v1/users/kaleb/evidence", params={"memory_id": "m_1", "key": "city"}), 422)
+    assert "not both" in error["message"]

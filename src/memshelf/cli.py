@@ -195,21 +195,61 @@ def _print_memory(memory: Memory) -> None:
 
 @app.command("list")
 def list_(ctx: typer.Context, limit: int = typer.Option(50, help="How many memories per page."),
-          cursor: str | None = typer.Option(None, help="The next page's cursor, as the last page printed it.")
-          ) -> None:
+          cursor: str | None = typer.Option(None, help="The next page's cursor, as the last page printed it."),
+          topic: str | None = typer.Option(None, help="Only memories of this topic."),
+          source: str | None = typer.Option(None, help="Only memories of this source (stated, mined, ...)."),
+          contains: str | None = typer.Option(None, help="Only memories whose topic or content holds this text "
+                                                         "(ASCII letters in either case)."),
+          order: str = typer.Option("newest", help="newest | confident (most confident first)."),
+          superseded: bool = typer.Option(False, "--superseded", help="Superseded memories too.")) -> None:
     """List the user's live memories, newest first, with their ids."""
     s = _settings(ctx)
     with _shelf(ctx, embedder=None) as shelf:
-        page, next_cursor = shelf.list_memories(s.owner(), limit=limit, cursor=cursor)
+        page, next_cursor = shelf.list_memories(s.owner(), limit=limit, cursor=cursor, topic=topic, source=source,
+                                                contains=contains, order=order, include_superseded=superseded)
     if s.as_json:
         _emit_json({"memories": page, "next_cursor": next_cursor})
         return
     for memory in page:
         _print_memory(memory)
     if next_cursor:
-        err.print(plain(f"more: memshelf list --cursor {next_cursor}"))
+        again = [f"--{name} {shlex.quote(value)}" for name, value in (
+            ("topic", topic), ("source", source), ("contains", contains), ("order", order)) if value and
+            (name, value) != ("order", "newest")] + (["--superseded"] if superseded else [])
+        err.print(plain(" ".join(["more: memshelf list", *again, f"--cursor {next_cursor}"])))
     elif not page:
         err.print("no memories")
+
+
+@app.command()
+def confirm(ctx: typer.Context, memory_id: str) -> None:
+    """The user vouches for a mined or inferred memory: it becomes stated, recording when and what it was."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        memory = shelf.confirm(s.owner(), memory_id)
+    if s.as_json:
+        _emit_json(memory)
+        return
+    _print_memory(memory)
+    if memory.confirmed_from:
+        err.print(plain(f"confirmed on {memory.confirmed_at:%Y-%m-%d %H:%M}, was {memory.confirmed_from}"))
+
+
+@app.command()
+def expire(ctx: typer.Context, memory_id: str,
+           ttl: float | None = typer.Option(None, help="Seconds from now until it expires."),
+           never: bool = typer.Option(False, "--never", help="Keep it until it is forgotten.")) -> None:
+    """Change when one memory expires: --ttl SECONDS, or --never."""
+    s = _settings(ctx)
+    if (ttl is None) == (not never):
+        raise typer.BadParameter("give --ttl SECONDS or --never, one of them")
+    with _shelf(ctx, embedder=None) as shelf:
+        memory = shelf.set_expiry(s.owner(), memory_id, ttl=ttl)
+    if s.as_json:
+        _emit_json(memory)
+        return
+    _print_memory(memory)
+    err.print(plain(f"expires {memory.expires_at:%Y-%m-%d %H:%M:%S} UTC" if memory.expires_at else "never expires"))
 
 
 @app.command()

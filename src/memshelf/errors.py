@@ -53,6 +53,10 @@ class UnknownSource(InvalidInput):
     """A memory named a source whose confidence was never declared."""
 
 
+class Conflict(InvalidInput):
+    """The record is in a state the call cannot apply to (confirming a superseded memory): nothing was changed."""
+
+
 class NotFound(MemshelfError, LookupError):
     """No record with that id belongs to this owner (it may belong to nobody, or to someone else)."""
 

@@ -3,7 +3,8 @@ hashed by `memshelf migrate` to verify a copy (migrate.owner_lines).
 
 A stream starts with a header {"kind": "memshelf-export", "format": EXPORT_FORMAT}, then one record per row of the
 owner's tables, kind by kind in the registry's order (stores/tables.py): memory (its vector as base64
-little-endian float32; superseded_at and superseded_by only when it was superseded), fact, fact_change, message,
+little-endian float32; superseded_at and superseded_by only when it was superseded, confirmed_at and
+confirmed_from only when the user confirmed it), fact, fact_change, message,
 evidence (a message a learned memory or fact came from), learn_mark (where learning stopped in a thread). Times
 are ISO 8601 with microseconds and the offset (`iso`). Reading a record
 back checks it as remember() checks its input, never trusting it (read_record).
@@ -45,11 +46,13 @@ def header() -> dict[str, Any]:
 
 
 def memory_record(memory: Memory, blob: bytes | None) -> dict[str, Any]:
-    """A memory's record; the supersession fields only when set, so a current memory's line (and migrate's checksum
-    of it) is what it was before memories could be superseded."""
+    """A memory's record; the supersession and confirmation fields only when set, so a memory's line (and migrate's
+    checksum of it) is what it was before memories could be superseded or confirmed."""
     closed = {} if memory.superseded_at is None else {"superseded_at": iso(memory.superseded_at),
                                                       "superseded_by": memory.superseded_by}
-    return {**_memory_fields(memory, blob), **closed}
+    confirmed = {} if memory.confirmed_at is None else {"confirmed_at": iso(memory.confirmed_at),
+                                                        "confirmed_from": memory.confirmed_from}
+    return {**_memory_fields(memory, blob), **closed, **confirmed}
 
 
 def _memory_fields(memory: Memory, blob: bytes | None) -> dict[str, Any]:
@@ -232,9 +235,13 @@ def _memory_from_record(record: Mapping[str, Any], now: datetime, sources: Sourc
                     observations=_optional(record, "observations", _observations) or 1,
                     embed_model=model if blob is not None else None,
                     superseded_at=_optional(record, "superseded_at", _past(now)),
-                    superseded_by=_optional(record, "superseded_by", _record_id("m")))
-    if (memory.superseded_at is None) != (memory.superseded_by is None):
-        raise InvalidInput("fields 'superseded_at' and 'superseded_by' go together: give both or neither")
+                    superseded_by=_optional(record, "superseded_by", _record_id("m")),
+                    confirmed_at=_optional(record, "confirmed_at", _past(now)),
+                    confirmed_from=_optional(record, "confirmed_from",
+                                             lambda v: check_text("confirmed_from", v, MAX_TOPIC_CHARS)))
+    for first, second in (("superseded_at", "superseded_by"), ("confirmed_at", "confirmed_from")):
+        if (getattr(memory, first) is None) != (getattr(memory, second) is None):
+            raise InvalidInput(f"fields {first!r} and {second!r} go together: give both or neither")
     return memory, blob
 
 

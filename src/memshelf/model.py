@@ -177,6 +177,8 @@ class Memory:
     embed_model: str | None = None
     superseded_at: datetime | None = None  # when a newer memory replaced it (it keeps its text; searches skip it)
     superseded_by: str | None = None  # the id of that newer memory
+    confirmed_at: datetime | None = None  # when the user vouched for it (Shelf.confirm), making it stated
+    confirmed_from: str | None = None  # the source it had before that
 
 
 @dataclass(frozen=True, slots=True)

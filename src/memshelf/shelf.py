@@ -20,7 +20,7 @@ from . import context as ctx
 from . import exports
 from .embedders.base import (Embedder, default_embedder_spec, embedded, embedding_deadline, known_dimensions, pieces_of,
                               resolve_embedder, search_timeout, write_timeout)
-from .errors import ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
+from .errors import Conflict, ConfigError, DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
 from ._ids import is_id, new_id
 from .keywords import search_terms
 from .learning import _decide as learning_decide
@@ -30,7 +30,7 @@ from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, M
                     check_filter, check_role, check_tenant, check_text, check_topic, check_ttl, check_when, counted,
                     missing_changes, resolve_expiry, sources_from_text, utcnow)
 from ._retrieval import Candidate, fuse, order
-from .stores.base import ApiKey, Erased, Evidence, Position, Store, View, open_store
+from .stores.base import ApiKey, Erased, Evidence, Listing, Position, Store, View, open_store
 from .stores.tables import exported_kinds
 from ._vectors import pack
 
@@ -49,6 +49,8 @@ IMPORT_BATCH = 64
 MAX_BACKFILL_BATCH = 10_000
 MEMORY_ID_ADVICE = "check the id: list_memories() and search() return them"
 FACT_KEY_ADVICE = "list the keys with facts()"
+ORDERS = ("newest", "confident")
+"""How list_memories orders: newest first, or most confident first (then newest)."""
 
 
 def _check_owner(owner: object) -> Owner:
@@ -185,27 +187,39 @@ def _refused(cursor: object, whose: str, start: str) -> InvalidInput:
                         f"or leave cursor out to start from {start}")
 
 
-def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int) -> str | None:
+def _next_cursor(owner: Owner, page: Sequence[Memory | Message], limit: int,
+                 by_confidence: bool = False) -> str | None:
     """The opaque cursor of the page after this one (None when this page is the last): the last record's instant
-    and id, owner-scoped, so it reveals nothing about other owners' records or how many there are."""
+    and id (and confidence, when ordered by it), owner-scoped and order-scoped, so it reveals nothing about other
+    owners' records or how many there are, and a cursor of one order is refused for the other."""
     if len(page) < limit:
         return None
-    return _cursor_of([_owner_check(owner), exports.iso(page[-1].created_at), page[-1].id])
+    last = page[-1]
+    if by_confidence:
+        assert isinstance(last, Memory)
+        return _cursor_of([_scope_check(owner.tenant, owner.user, "confident"), exports.iso(last.created_at),
+                           last.id, repr(last.confidence)])
+    return _cursor_of([_owner_check(owner), exports.iso(last.created_at), last.id])
 
 
-def _read_cursor(owner: Owner, kind: str, cursor: object) -> Position | None:
-    """Where the previous page ended, from the next_cursor a list_* call gave this owner (None: start at the newest)."""
+def _read_cursor(owner: Owner, kind: str, cursor: object, by_confidence: bool = False) -> Position | None:
+    """Where the previous page ended, from the next_cursor a list_* call gave this owner (None: start at the first)."""
     if cursor is None:
         return None
-    refused = _refused(cursor, str(owner), "the newest")
+    refused = (_refused(cursor, f"{owner} in order=confident", "the most confident") if by_confidence
+               else _refused(cursor, str(owner), "the newest"))
+    fields = _cursor_fields(cursor, refused)
+    tag = _scope_check(owner.tenant, owner.user, "confident") if by_confidence else _owner_check(owner)
+    if len(fields) != (4 if by_confidence else 3) or fields[0] != tag:
+        raise refused
     try:
-        tag, when, record_id = _cursor_fields(cursor, refused)
-        created = datetime.fromisoformat(when)
+        created = datetime.fromisoformat(fields[1])
+        confidence = float(fields[3]) if by_confidence else None
     except ValueError as exc:
         raise refused from exc
-    if tag != _owner_check(owner) or not is_id(kind, record_id) or created.tzinfo is None:
+    if not is_id(kind, fields[2]) or created.tzinfo is None:
         raise refused
-    return Position(created, record_id)
+    return Position(created, fields[2], confidence)
 
 
 def _next_users_cursor(tenant: str, page: Sequence[UserSummary], limit: int) -> str | None:
@@ -396,14 +410,29 @@ class Shelf:
             raise NotFound(f"no memory {memory_id!r} for {owner}", MEMORY_ID_ADVICE, fix="memory_id")
         return found
 
-    def list_memories(self, owner: Owner, *, limit: int = 50,
-                      cursor: str | None = None) -> tuple[list[Memory], str | None]:
-        """One page of the owner's live memories, newest first, and the cursor of the next page (None at the end)."""
+    def list_memories(self, owner: Owner, *, limit: int = 50, cursor: str | None = None, topic: str | None = None,
+                      source: str | None = None, contains: str | None = None, order: str = "newest",
+                      include_superseded: bool = False) -> tuple[list[Memory], str | None]:
+        """One page of the owner's live memories and the cursor of the next page (None at the end).
+
+        topic, source: only memories of this topic, of this source (exactly); contains: only those whose topic or
+        content holds this text, ASCII letters in either case (None or blank: no filter). order: "newest" first,
+        or "confident" first (then newest). include_superseded: superseded memories too (superseded_by names what
+        replaced each). A cursor goes with the order it was given for; give the same filters with it."""
         owner = _check_owner(owner)
-        after = _read_cursor(owner, "m", cursor)
+        if order not in ORDERS:
+            raise InvalidInput(f"unknown order {order!r}: use one of {', '.join(ORDERS)}")
+        by_confidence = order == "confident"
+        after = _read_cursor(owner, "m", cursor, by_confidence)
         limit = _check_limit(limit)
-        page = self.store.page_memories(owner, after, limit, self.now())
-        return page, _next_cursor(owner, page, limit)
+        blank = isinstance(topic, str) and not topic.strip()
+        topic = None if topic is None or blank else check_topic(topic)
+        if source is not None:
+            self.sources.confidence(source)  # an undeclared source is a mistake, not an empty page
+        listing = Listing(topic, source, check_filter("contains", contains, MAX_TOPIC_CHARS), by_confidence,
+                          bool(include_superseded))
+        page = self.store.page_memories(owner, after, limit, self.now(), listing)
+        return page, _next_cursor(owner, page, limit, by_confidence)
 
     def list_users(self, tenant: str, *, limit: int = 50, cursor: str | None = None,
                    contains: str | None = None) -> tuple[list[UserSummary], str | None]:
@@ -417,6 +446,39 @@ class Shelf:
         contains = check_filter("contains", contains)
         page = self.store.page_users(tenant, after, limit, contains, self.now())
         return page, _next_users_cursor(tenant, page, limit)
+
+    def confirm(self, owner: Owner, memory_id: str) -> Memory:
+        """The user vouches for a memory: a mined or inferred one becomes stated, with stated's confidence, and
+        records when (confirmed_at) and the source it had (confirmed_from). A memory already as confident as
+        stated is returned unchanged. A superseded memory cannot be confirmed (Conflict): remember its text again
+        if the user still holds it."""
+        owner = _check_owner(owner)
+        memory = self.get(owner, memory_id)
+        stated = self.sources["stated"]
+        if memory.superseded_at is not None:
+            raise Conflict(f"memory {memory.id!r} was superseded by {memory.superseded_by!r} on "
+                           f"{exports.iso(memory.superseded_at)}",
+                           "confirm the memory that replaced it, or remember this text again if it still holds")
+        if memory.confidence >= stated:
+            return memory
+        confirmed = self.store.confirm_memory(owner, memory.id, "stated", stated, self.now())
+        if confirmed is None:  # erased, expired or superseded between the read and the write
+            return self.confirm(owner, memory_id)
+        return confirmed
+
+    def set_expiry(self, owner: Owner, memory_id: str, *, ttl: float | timedelta | None = None,
+                   expires_at: datetime | None = None) -> Memory:
+        """Change when a memory expires: ttl (seconds from now, or a timedelta) or expires_at (a future aware
+        instant); neither makes it never expire. An expired memory is gone: remember it again instead."""
+        owner = _check_owner(owner)
+        memory_id = self._check_id(memory_id)
+        now = self.now()
+        when = resolve_expiry(expires_at, ttl, now)
+        changed = self.store.set_memory_expiry(owner, memory_id, when, now)
+        if changed is None:
+            raise NotFound(f"no memory {memory_id!r} for {owner}", MEMORY_ID_ADVICE, fix="memory_id",
+                           after="; no expiry was changed")
+        return changed
 
     def forget(self, owner: Owner, memory_id: str) -> Erased:
         """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
@@ -477,7 +539,8 @@ class Shelf:
 
     def _keyword(self, owner: Owner, terms: list[str], limit: int, now: datetime, view: View) -> SearchResult:
         found = self.store.keyword_search(owner, terms, limit, now, by_confidence=True, view=view)
-        return SearchResult([Hit(s.memory, s.score, "keyword") for s in found], mode="keyword")
+        return SearchResult([Hit(s.memory, s.score, "keyword", _details("keyword", rank, s.score))
+                             for rank, s in enumerate(found, 1)], mode="keyword")
 
     def _semantic(self, owner: Owner, query: np.ndarray, limit: int, floor: float, now: datetime,
                   view: View) -> SearchResult:
@@ -486,8 +549,8 @@ class Shelf:
         model = self.embedder.model  # type: ignore[union-attr]
         found = self.store.vector_search(owner, model, query, limit, floor, now, view)
         unembedded = self.store.count_unembedded(owner, model, now) if len(found) < limit else 0
-        return SearchResult([Hit(s.memory, s.score, "semantic") for s in found], mode="semantic",
-                            unembedded=unembedded)
+        return SearchResult([Hit(s.memory, s.score, "semantic", _details("semantic", rank, s.score))
+                             for rank, s in enumerate(found, 1)], mode="semantic", unembedded=unembedded)
 
     def _hybrid(self, owner: Owner, terms: list[str], query: np.ndarray, limit: int, floor: float,
                 now: datetime, view: View) -> SearchResult:
@@ -615,10 +678,13 @@ class Shelf:
 
     def evidence(self, owner: Owner, *, memory_id: str | None = None, key: str | None = None) -> list[Evidence]:
         """The messages a learned memory (memory_id) or fact (key) came from, oldest first: each with its thread and
-        when it was said. Empty for a record the caller wrote. Give one of memory_id and key."""
+        when it was said. Empty for a record the caller wrote. Give one of memory_id and key, or neither for the
+        evidence of every record the owner's memory learned."""
         owner = _check_owner(owner)
-        if (memory_id is None) == (key is None):
-            raise InvalidInput("evidence of what? give memory_id (a memory's id) or key (a fact's key), one of them")
+        if memory_id is not None and key is not None:
+            raise InvalidInput("evidence of what? give memory_id (a memory's id) or key (a fact's key), not both")
+        if memory_id is None and key is None:
+            return self.store.evidence(owner, None, None)
         if memory_id is not None:
             return self.store.evidence(owner, "memory", self._check_id(memory_id))
         return self.store.evidence(owner, "fact", check_text("fact key", key, MAX_FACT_KEY_CHARS))
@@ -816,6 +882,11 @@ class Shelf:
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "embedder": self.embedder.model if self.embedder else None}
+
+
+def _details(retriever: str, rank: int, score: float) -> dict[str, float]:
+    """A single retriever's working, in the keys fusion uses: its rank and raw score."""
+    return {f"{retriever}_rank": rank, f"{retriever}_score": round(score, 6)}
 
 
 def _packed(vectors: np.ndarray) -> tuple[bytes, list[bytes]]:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from ..errors import (ConfigError, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError,
+from ..errors import (ConfigError, Conflict, DimensionMismatch, EmbedderError, EmbedderUnavailable, ExtractorError,
                       ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
                       UnknownSource)
 
@@ -55,6 +55,7 @@ the server's own failure."""
 
 _STATUS_OF: tuple[tuple[type[MemshelfError], int, str], ...] = (
     (UnknownSource, 422, "unknown_source"),
+    (Conflict, 409, "conflict"),
     (InvalidInput, 422, "invalid_input"),
     (DimensionMismatch, 422, "dimension_mismatch"),
     (NotFound, 404, "not_found"),
@@ -89,7 +90,9 @@ class ErrorOut(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": text} for status, text in (
         (400, "malformed JSON or a setting the server lacks"), (401, "missing, wrong or revoked API key"),
-        (403, "the key may not do this"), (404, "no such record for this owner"), (413, "body over the limit"),
+        (403, "the key may not do this"), (404, "no such record for this owner"),
+        (409, "the record's state does not allow this (e.g. confirming a superseded memory)"),
+        (413, "body over the limit"),
         (422, "invalid input"), (500, "the storage failed (not a lock)"),
         (503, "storage busy or out of reach, retry"))}
 """The error answers every route may give, as OpenAPI documents them."""

@@ -11,18 +11,20 @@ from typing import Annotated, Any, Generic, Self, TypeVar
 from collections.abc import Callable, Collection, Mapping
 
 from fastapi import Response
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, create_model
+from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, create_model,
+                      model_validator)
 
 from ..learning.base import Plan, Proposal, Usage
 from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
                      Message, Mode, ROLES, UserSummary)
-from ..stores.base import ApiKey, Erased
+from ..stores.base import ApiKey, Erased, Evidence
 
 __all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
-           "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut", "FactChangeOut", "FactIn",
-           "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "LearnIn", "MemoryIn", "MemoryOut", "MessageIn",
-           "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut", "PromptIn", "PromptOut", "ProposalOut", "SearchIn",
-           "SearchOut", "Strict", "TurnIn", "UsageOut", "UserOut", "erased_response", "fields_of"]
+           "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut", "EvidenceOut",
+           "ExpiryIn", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "LearnIn",
+           "MemoryIn", "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut", "PromptIn",
+           "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict", "TurnIn", "UsageOut", "UserOut",
+           "erased_response", "fields_of"]
 
 MAX_SEARCH_LIMIT = 100
 MAX_BATCH = 1_000
@@ -108,6 +110,27 @@ def fields_of(record: type, *, omit: Collection[str] = (), nested: Mapping[str, 
 
 @fields_of(Memory)
 class MemoryOut(Out):
+    pass
+
+
+class ExpiryIn(Strict):
+    """A memory's new expiry: exactly one of ttl (seconds from now) and expires_at (null: never expires)."""
+
+    ttl: Seconds | None = None
+    expires_at: AwareDatetime | None = Field(None, description="an ISO 8601 instant with a time zone, or null "
+                                                               "for a memory that never expires")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        given = self.model_fields_set & {"ttl", "expires_at"}
+        if len(given) != 1 or given == {"ttl"} and self.ttl is None:
+            raise ValueError('give exactly one of "ttl" (seconds from now) and "expires_at" (an instant, or null '
+                             'for never), e.g. {"ttl": 86400}')
+        return self
+
+
+@fields_of(Evidence)
+class EvidenceOut(Out):
     pass
 
 

@@ -319,4 +319,10 @@ FROM cjk
 WHERE f.tenant = cjk.tenant AND f.user_id = cjk.user_id AND f.topic = cjk.topic AND f.context_search IS NOT NULL;
 RESET ROLE;
 """),
+    # A mined or inferred memory the user vouched for becomes stated (Shelf.confirm); the row records when, and
+    # the source it had, as on SQLite (m011_confirmed there).
+    ("m012_confirmed", """
+ALTER TABLE memories ADD COLUMN confirmed_at timestamptz;
+ALTER TABLE memories ADD COLUMN confirmed_from text;
+"""),
 ]

@@ -249,4 +249,10 @@ CREATE INDEX memory_pieces_owner ON memory_pieces (tenant, user_id, embed_model,
 -- from its rows after this script (stores/sqlite.py); text without CJK is indexed exactly as before.
 SELECT 1;
 """),
+    ("m011_confirmed", """
+-- A mined or inferred memory the user vouched for becomes stated (Shelf.confirm); the row records when, and the
+-- source it had, so the record shows it was confirmed rather than said.
+ALTER TABLE memories ADD COLUMN confirmed_at TEXT;
+ALTER TABLE memories ADD COLUMN confirmed_from TEXT;
+"""),
 ]

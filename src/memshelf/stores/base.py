@@ -71,6 +71,23 @@ class Position:
 
     created_at: datetime
     id: str
+    confidence: float | None = None
+    """The last record's confidence, when the pages are ordered most confident first (Listing.by_confidence)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Which of an owner's memories a page lists, and in what order. Every field narrows; the defaults list the
+    live current memories, newest first."""
+
+    topic: str | None = None  # this topic exactly
+    source: str | None = None  # this source exactly
+    contains: str | None = None  # topic or content contains this text, ASCII letters in either case
+    by_confidence: bool = False  # most confident first, then newest; else newest first
+    include_superseded: bool = False  # superseded memories too, in their place in the order
+
+
+EVERY = Listing()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +202,26 @@ class MemoryStore(ABC):
         owner has no such memory or it is already closed."""
 
     @abstractmethod
-    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
-        """Live current (not superseded) memories newest first (created_at, then row key), starting after `after`
-        (None: the newest).
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime,
+                      listing: Listing = EVERY) -> list[Memory]:
+        """Live memories the listing selects, newest first (created_at, then row key) or, by_confidence, by
+        confidence and then so; starting after `after` (None: the first).
 
         If the record `after` names is gone, the page starts after its instant's newer rows only: records created
         in that same instant may be listed again, never skipped."""
+
+    def confirm_memory(self, owner: Owner, memory_id: str, source: str, confidence: float,
+                       now: datetime) -> Memory | None:
+        """The user vouched for a live current memory: its source and confidence become these, and it records
+        when (confirmed_at) and what source it had (confirmed_from). Returns the memory as stored now; None when
+        the owner has no such live current memory."""
+        raise StoreError(f"{type(self).__name__} cannot confirm memories: implement confirm_memory")
+
+    def set_memory_expiry(self, owner: Owner, memory_id: str, expires_at: datetime | None,
+                          now: datetime) -> Memory | None:
+        """Give a live memory a new expiry (None: never). Returns the memory as stored now; None when the owner has
+        no such live memory."""
+        raise StoreError(f"{type(self).__name__} cannot change expiries: implement set_memory_expiry")
 
     @abstractmethod
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:

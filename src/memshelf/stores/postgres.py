@@ -90,7 +90,7 @@ from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError
 from .._ids import new_id
 from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
-from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Position, Scored, View, digest, observe_again
+from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
@@ -537,7 +537,7 @@ class PostgresStore(SQLRecords):
     # ------------------------------------------------------------ the records half's dialect (sql_records.py)
     PARAM = "%s"
     LOCK_ROW = " FOR UPDATE"
-    FOLDED_USER = 'lower(user_id COLLATE "C")'  # the C collation's lower() folds only ASCII, as SQLite's does
+    FOLDED = 'lower({} COLLATE "C")'  # the C collation's lower() folds only ASCII, as SQLite's does
 
     def _time_in(self, value: datetime | None) -> datetime | None:
         return value
@@ -710,19 +710,19 @@ class PostgresStore(SQLRecords):
                         " content text, digest text, source text, confidence double precision,"
                         " created_at timestamptz, last_seen timestamptz, observations integer,"
                         " expires_at timestamptz, embedding vector, embed_model text, superseded_at timestamptz,"
-                        " superseded_by text) ON COMMIT DELETE ROWS")
+                        " superseded_by text, confirmed_at timestamptz, confirmed_from text) ON COMMIT DELETE ROWS")
             cur.execute("DELETE FROM memshelf_import")  # emptied at commit; this is for a second call inside one
             with cur.copy("COPY memshelf_import FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["integer", "text", "text", "text", "text", "text", "double precision",
                                 "timestamptz", "timestamptz", "integer", "timestamptz", "vector", "text",
-                                "timestamptz", "text"])
+                                "timestamptz", "text", "timestamptz", "text"])
                 for n, (memory, vector) in enumerate(zip(items, vectors)):
                     copy.write_row((n, memory.id, memory.topic, memory.content, digest(memory.topic, memory.content),
                                     memory.source, memory.confidence, memory.created_at,
                                     memory.last_seen or memory.created_at, memory.observations, memory.expires_at,
                                     None if vector is None else Blob(vector),
                                     memory.embed_model if vector is not None else None, memory.superseded_at,
-                                    memory.superseded_by))
+                                    memory.superseded_by, memory.confirmed_at, memory.confirmed_from))
             # Each row's context: the previous CONTEXT_TURNS rows of its topic, counting the owner's newest stored
             # ones and then the batch in order (a row the INSERT skips as already stored still counts).
             lags = ", ".join(f"lag(content, {n}) OVER w" for n in range(CONTEXT_TURNS, 0, -1))
@@ -736,10 +736,10 @@ class PostgresStore(SQLRecords):
                 "   WINDOW w AS (PARTITION BY topic ORDER BY part, seq))"
                 " INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
                 " last_seen, observations, expires_at, embedding, embed_model, context_search, superseded_at,"
-                " superseded_by)"
+                " superseded_by, confirmed_at, confirmed_from)"
                 " SELECT i.id, %s, %s, i.topic, i.content, i.digest, i.source, i.confidence, i.created_at,"
                 " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words),"
-                " i.superseded_at, i.superseded_by"
+                " i.superseded_at, i.superseded_by, i.confirmed_at, i.confirmed_from"
                 " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
                 " ON CONFLICT DO NOTHING RETURNING id, pk", (owner.tenant, owner.user, owner.tenant, owner.user))
             added = dict(cur.fetchall())
@@ -793,15 +793,6 @@ class PostgresStore(SQLRecords):
             "   AS g(tenant, user_id, topic, pk)"
             f"   CROSS JOIN LATERAL ({later_turns('n.pk', 'g.tenant', 'g.user_id', 'g.topic', 'g.pk')}) n)",
             (tenants, users, topics, pks))
-
-    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
-        bound, anchor = self._page_bound("memories", owner, after)
-        with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(
-                f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER}{bound} AND {_LIVE}"
-                " AND m.superseded_at IS NULL ORDER BY m.created_at DESC, m.pk DESC LIMIT %s",
-                (owner.tenant, owner.user, *anchor, now, limit)).fetchall()
-        return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         """Pages of PAGE rows by key, each page in its own short transaction, so a slow consumer holds nothing."""

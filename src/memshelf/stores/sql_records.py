@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Protocol
 from collections.abc import Callable, Sequence
 
 from ..model import Fact, FactChange, Memory, Message, Owner, UserSummary
-from .base import CONTEXT_TURNS, ApiKey, Erased, Evidence, Mark, Position, Store, View
+from .base import CONTEXT_TURNS, EVERY, ApiKey, Erased, Evidence, Listing, Mark, Position, Store, View
 from .tables import (OWNER_TABLES, OwnerTable, expiring_record_tables, listed_user_tables, owner_listing_sql,
                      record_tables, stats_sql, table)
 
@@ -55,9 +55,10 @@ class Statements(Protocol):
 
 
 MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_at, m.expires_at, "
-                  "m.last_seen, m.observations, m.embed_model, m.superseded_at, m.superseded_by")
+                  "m.last_seen, m.observations, m.embed_model, m.superseded_at, m.superseded_by, "
+                  "m.confirmed_at, m.confirmed_from")
 """The columns a Memory is read from (table alias m), in memory_from_row's order."""
-MEMORY_WIDTH = 12
+MEMORY_WIDTH = 14
 """How many columns MEMORY_COLUMNS selects: a query's extra columns come after them."""
 
 
@@ -66,7 +67,8 @@ def memory_from_row(row: Sequence, time_out: Callable[[Any], datetime | None]) -
     return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],
                   created_at=time_out(row[5]), expires_at=time_out(row[6]),  # type: ignore[arg-type]
                   last_seen=time_out(row[7]), observations=row[8], embed_model=row[9],
-                  superseded_at=time_out(row[10]), superseded_by=row[11])
+                  superseded_at=time_out(row[10]), superseded_by=row[11], confirmed_at=time_out(row[12]),
+                  confirmed_from=row[13])
 
 
 def view_condition(view: View, time_in: Callable[[datetime | None], Any]) -> tuple[str, tuple]:
@@ -108,7 +110,7 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 def _like_pattern(contains: str) -> str:
     """A LIKE pattern (escape character `\\`) matching text that contains `contains`, ASCII letters folded to
-    lowercase as FOLDED_USER folds the column: `%` and `_` are matched as themselves."""
+    lowercase as FOLDED folds the column: `%` and `_` are matched as themselves."""
     folded = contains.translate(_ASCII_LOWER)
     return "%" + folded.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
@@ -135,9 +137,9 @@ class SQLRecords(Store):
     """How the driver marks a parameter."""
     LOCK_ROW: ClassVar[str] = ""
     """Appended to a SELECT that must lock the row it reads until the transaction ends."""
-    FOLDED_USER: ClassVar[str] = "lower(user_id)"
-    """The user_id column with its ASCII letters made lowercase and every other character left as it is: how a
-    user filter compares it, alike on every backend (SQLite's lower() folds only ASCII)."""
+    FOLDED: ClassVar[str] = "lower({})"
+    """A text column ({} is its name) with its ASCII letters made lowercase and every other character left as it is:
+    how a `contains` filter compares it, alike on every backend (SQLite's lower() folds only ASCII)."""
     DERIVED_TABLES: ClassVar[tuple[str, ...]] = ()
     """Per-owner tables the backend derives from the registry's (not exported, not copied), erased with their
     owner: e.g. SQLite's owner_generation counters."""
@@ -185,16 +187,69 @@ class SQLRecords(Store):
     def _sql(self, statement: str) -> str:
         return statement if self.PARAM == "?" else statement.replace("?", self.PARAM)
 
-    def _page_bound(self, table: str, owner: Owner, after: Position | None) -> tuple[str, tuple]:
+    def _page_bound(self, table: str, owner: Owner, after: Position | None,
+                    by_confidence: bool = False) -> tuple[str, tuple]:
         """The WHERE condition (on alias m) and parameters of a page that starts after `after`: older instants, or
         the same instant and a lower row key than the record `after` names (every row of that instant if it is
-        gone). Already in the dialect's placeholders."""
+        gone); by_confidence, all that after lower confidences first. Already in the dialect's placeholders."""
         if after is None:
             return "", ()
         stamp = self._time_in(after.created_at)
-        return (self._sql(f" AND (m.created_at < ? OR (m.created_at = ? AND m.pk < coalesce((SELECT a.pk FROM {table} a"
-                          " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 9223372036854775807)))"),
-                (stamp, stamp, owner.tenant, owner.user, after.id))
+        older = (f"m.created_at < ? OR (m.created_at = ? AND m.pk < coalesce((SELECT a.pk FROM {table} a"
+                 " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 9223372036854775807))")
+        params: tuple = (stamp, stamp, owner.tenant, owner.user, after.id)
+        if by_confidence:
+            older = f"m.confidence < ? OR (m.confidence = ? AND ({older}))"
+            params = (after.confidence, after.confidence, *params)
+        return self._sql(f" AND ({older})"), params
+
+    # ------------------------------------------------------------ memories: the listing and the user's fixes
+    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime,
+                      listing: Listing = EVERY) -> list[Memory]:
+        where = "m.tenant = ? AND m.user_id = ? AND (m.expires_at IS NULL OR m.expires_at > ?)"
+        params: tuple = (owner.tenant, owner.user, self._time_in(now))
+        if not listing.include_superseded:
+            where += " AND m.superseded_at IS NULL"
+        for column, value in (("topic", listing.topic), ("source", listing.source)):
+            if value is not None:
+                where, params = where + f" AND m.{column} = ?", params + (value,)
+        if listing.contains:
+            pattern = _like_pattern(listing.contains)
+            where += (f" AND ({self.FOLDED.format('m.content')} LIKE ? ESCAPE '\\'"
+                      f" OR {self.FOLDED.format('m.topic')} LIKE ? ESCAPE '\\')")
+            params += (pattern, pattern)
+        bound, anchor = self._page_bound("memories", owner, after, listing.by_confidence)
+        order = "m.confidence DESC, m.created_at DESC, m.pk DESC" if listing.by_confidence else \
+            "m.created_at DESC, m.pk DESC"
+        with self._owner_scope(owner.tenant, write=False) as db:
+            rows = db.execute(self._sql(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {where}") + bound
+                              + self._sql(f" ORDER BY {order} LIMIT ?"),
+                              params + anchor + (min(limit, 2**62),)).fetchall()
+        return [memory_from_row(r, self._time_out) for r in rows]
+
+    def confirm_memory(self, owner: Owner, memory_id: str, source: str, confidence: float,
+                       now: datetime) -> Memory | None:
+        at = self._time_in(now)
+        return self._update_memory("confirmed_from = source, confirmed_at = ?, source = ?, confidence = ?",
+                                   (at, source, confidence), owner, memory_id, at, " AND superseded_at IS NULL")
+
+    def set_memory_expiry(self, owner: Owner, memory_id: str, expires_at: datetime | None,
+                          now: datetime) -> Memory | None:
+        return self._update_memory("expires_at = ?", (self._time_in(expires_at),), owner, memory_id,
+                                   self._time_in(now))
+
+    def _update_memory(self, change: str, values: tuple, owner: Owner, memory_id: str, at: Any,
+                       also: str = "") -> Memory | None:
+        """Change one live memory of the owner (and what `also` requires of it); the row as it is after."""
+        with self._owner_scope(owner.tenant) as db:
+            changed = db.execute(self._sql(f"UPDATE memories SET {change} WHERE {_USER} AND id = ?{_LIVE}{also}"),
+                                 values + (owner.tenant, owner.user, memory_id, at)).rowcount
+            if not changed:
+                return None
+            row = db.execute(self._sql(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ?"
+                                       " AND m.user_id = ? AND m.id = ?"),
+                             (owner.tenant, owner.user, memory_id)).fetchone()
+        return memory_from_row(row, self._time_out)
 
     # ------------------------------------------------------------ facts
     def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
@@ -495,7 +550,8 @@ class SQLRecords(Store):
         if entry.expires:
             where, params = where + _LIVE, params + [at]
         if contains:
-            where, params = where + f" AND {self.FOLDED_USER} LIKE ? ESCAPE '\\'", params + [_like_pattern(contains)]
+            folded = self.FOLDED.format("user_id")
+            where, params = where + f" AND {folded} LIKE ? ESCAPE '\\'", params + [_like_pattern(contains)]
         return where, params
 
     @staticmethod

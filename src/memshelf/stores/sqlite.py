@@ -21,7 +21,7 @@ from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError,
 from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
-from .base import BACKFILL_ADVICE, CURRENT, Pending, Position, Scored, View, digest, observe_again
+from .base import BACKFILL_ADVICE, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import TenantIndexes, register_functions
@@ -407,13 +407,13 @@ class SQLiteStore(SQLRecords):
                 cur = self._q(
                     "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
                     " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context,"
-                    " superseded_at, superseded_by)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    " superseded_at, superseded_by, confirmed_at, confirmed_from)"
+                    f" VALUES ({', '.join('?' * 20)}) ON CONFLICT DO NOTHING",
                     (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
                      digest(memory.topic, memory.content), tag, memory.source, memory.confidence,
                      ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
                      ts(memory.expires_at), vector, memory.embed_model if vector is not None else None, context,
-                     ts(memory.superseded_at), memory.superseded_by))
+                     ts(memory.superseded_at), memory.superseded_by, ts(memory.confirmed_at), memory.confirmed_from))
                 if cur.rowcount:
                     self._fts.add(owner.tenant, cur.lastrowid or 0, memory.topic, memory.content, tag, context)
                     if later and vector is not None:
@@ -453,14 +453,6 @@ class SQLiteStore(SQLRecords):
             return self._q("UPDATE memories SET superseded_at = ?, superseded_by = ? WHERE tenant = ? AND user_id = ?"
                            " AND id = ? AND superseded_at IS NULL",
                            (ts(now), new_id, owner.tenant, owner.user, old_id)).rowcount > 0
-
-    def page_memories(self, owner: Owner, after: Position | None, limit: int, now: datetime) -> list[Memory]:
-        bound, params = self._page_bound("memories", owner, after)
-        rows = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?{bound}"
-                       " AND m.superseded_at IS NULL AND (m.expires_at IS NULL OR m.expires_at > ?)"
-                       " ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
-                       (owner.tenant, owner.user, *params, ts(now), limit)).fetchall()
-        return [_memory(r) for r in rows]
 
     def iter_memories(self, owner: Owner, now: datetime | None) -> Iterator[tuple[Memory, bytes | None]]:
         sql = (f"SELECT {MEMORY_COLUMNS}, m.embedding FROM memories m WHERE m.tenant = ? AND m.user_id = ?"

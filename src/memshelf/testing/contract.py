@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, UTC
 
 import pytest
 
-from ..errors import ConfigError, InvalidInput, NotFound, UnknownSource
+from ..errors import ConfigError, Conflict, InvalidInput, NotFound, UnknownSource
 from ..model import MAX_CONTENT_CHARS, Owner, UserSummary
 from ..stores.base import Evidence, Mark
 from . import clock, open_shelf, shelf
@@ -532,6 +532,127 @@ def test_paging_walks_every_memory_once(shelf, clock):
         shelf.list_memories(KALEB, cursor="bogus")
 
 
+def _walk(shelf, owner, **listing):
+    """Every page of a listing, as (content, pages walked)."""
+    seen, cursor, pages = [], None, 0
+    while True:
+        page, cursor = shelf.list_memories(owner, limit=2, cursor=cursor, **listing)
+        seen, pages = seen + [m.content for m in page], pages + 1
+        if cursor is None:
+            return seen, pages
+
+
+def test_listing_filters_by_topic_source_and_text_and_orders_by_confidence(shelf, clock):
+    for topic, content, source in [("network", "The printer is on 192.168.1.40.", "inferred"),
+                                   ("network", "The router is an ASUS.", "stated"),
+                                   ("food", "Kaleb likes green TEA.", "mined"),
+                                   ("network", "The NAS is in the closet.", "mined"),
+                                   ("food", "Kaleb drinks 100% juice_box.", "stated")]:
+        shelf.remember(KALEB, topic, content, source)
+        clock.advance(1)
+    shelf.remember(MAYA, "network", "Maya's printer is in the hall.")
+    assert _walk(shelf, KALEB, topic="network")[0] == [
+        "The NAS is in the closet.", "The router is an ASUS.", "The printer is on 192.168.1.40."]
+    assert _walk(shelf, KALEB, source="mined")[0] == ["The NAS is in the closet.", "Kaleb likes green TEA."]
+    assert _walk(shelf, KALEB, contains="tea")[0] == ["Kaleb likes green TEA."]
+    assert _walk(shelf, KALEB, contains="PRINTER")[0] == ["The printer is on 192.168.1.40."]
+    assert _walk(shelf, KALEB, contains="ood")[0] == ["Kaleb drinks 100% juice_box.", "Kaleb likes green TEA."]
+    assert _walk(shelf, KALEB, contains="0% juice_")[0] == ["Kaleb drinks 100% juice_box."]  # % and _ as written
+    assert _walk(shelf, KALEB, contains="   ")[0] == _walk(shelf, KALEB)[0]  # blank: no filter
+    assert _walk(shelf, KALEB, topic="network", source="mined", contains="nas")[0] == ["The NAS is in the closet."]
+    by_confidence, pages = _walk(shelf, KALEB, order="confident")
+    assert by_confidence == ["Kaleb drinks 100% juice_box.", "The router is an ASUS.", "The NAS is in the closet.",
+                             "Kaleb likes green TEA.", "The printer is on 192.168.1.40."]
+    assert pages == 3
+    assert _walk(shelf, MAYA, contains="printer")[0] == ["Maya's printer is in the hall."]
+    for stranger in STRANGERS:
+        assert _walk(shelf, stranger, contains="printer")[0] == []
+
+
+def test_a_cursor_goes_with_its_order_and_its_owner(shelf):
+    for i in range(3):
+        shelf.remember(KALEB, "t", f"line {i}")
+    newest = shelf.list_memories(KALEB, limit=1)[1]
+    confident = shelf.list_memories(KALEB, limit=1, order="confident")[1]
+    with pytest.raises(InvalidInput, match="order=confident"):
+        shelf.list_memories(KALEB, cursor=newest, order="confident")
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_memories(KALEB, cursor=confident)
+    with pytest.raises(InvalidInput, match="cursor"):
+        shelf.list_memories(SAME_TENANT_OTHER_USER, cursor=confident, order="confident")
+    with pytest.raises(InvalidInput, match="order"):
+        shelf.list_memories(KALEB, order="oldest")
+    with pytest.raises(UnknownSource, match="crm"):
+        shelf.list_memories(KALEB, source="crm")
+
+
+def test_superseded_memories_are_listed_on_request_with_what_replaced_them(shelf, clock):
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    clock.advance(10)
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    assert [m.id for m in shelf.list_memories(KALEB)[0]] == [new.id]
+    listed = shelf.list_memories(KALEB, include_superseded=True)[0]
+    assert [(m.id, m.superseded_by) for m in listed] == [(new.id, None), (old.id, new.id)]
+
+
+def test_confirming_makes_a_guess_stated_and_records_when_and_from_what(shelf, clock):
+    guess = shelf.remember(KALEB, "network", "The printer is on 192.168.1.40.", "inferred")
+    said = shelf.remember(KALEB, "network", "The router is an ASUS.")
+    clock.advance(60)
+    confirmed = shelf.confirm(KALEB, guess.id)
+    assert (confirmed.source, confirmed.confidence, confirmed.confirmed_at, confirmed.confirmed_from) == (
+        "stated", 1.0, shelf.now(), "inferred")
+    assert shelf.get(KALEB, guess.id) == confirmed
+    assert (confirmed.content, confirmed.created_at) == (guess.content, guess.created_at)
+    assert shelf.search(KALEB, "printer")[0].memory.source == "stated"
+    assert shelf.confirm(KALEB, said.id) == said  # already stated: unchanged, no confirmation recorded
+    clock.advance(60)
+    assert shelf.confirm(KALEB, guess.id) == confirmed  # a second confirmation changes nothing
+    record = next(r for r in shelf.export(KALEB) if r.get("id") == guess.id)
+    assert (record["source"], record["confirmed_from"]) == ("stated", "inferred")
+    shelf.import_(MAYA, list(shelf.export(KALEB)))
+    assert shelf.get(MAYA, guess.id).confirmed_from == "inferred"
+    for stranger in STRANGERS:
+        with pytest.raises(NotFound):
+            shelf.confirm(stranger, guess.id)
+
+
+def test_a_superseded_memory_cannot_be_confirmed(shelf, clock):
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "inferred")
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.", "inferred")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    with pytest.raises(Conflict, match=new.id):
+        shelf.confirm(KALEB, old.id)
+    assert shelf.get(KALEB, old.id).source == "inferred"
+
+
+def test_an_expiry_can_be_set_moved_and_removed(shelf, clock):
+    memory = shelf.remember(KALEB, "network", "The guest Wi-Fi password is tulip.", ttl=60)
+    assert shelf.set_expiry(KALEB, memory.id, ttl=3600).expires_at == shelf.now() + timedelta(seconds=3600)
+    clock.advance(120)
+    assert shelf.get(KALEB, memory.id).content == memory.content  # it would have expired at 60 s
+    when = shelf.now() + timedelta(days=2)
+    assert shelf.set_expiry(KALEB, memory.id, expires_at=when).expires_at == when
+    assert shelf.set_expiry(KALEB, memory.id).expires_at is None
+    shelf.set_expiry(KALEB, memory.id, ttl=10)
+    clock.advance(11)
+    with pytest.raises(NotFound, match="no expiry was changed"):
+        shelf.set_expiry(KALEB, memory.id, ttl=60)  # expired is gone: nothing to revive
+    with pytest.raises(InvalidInput, match="already passed"):
+        shelf.set_expiry(KALEB, shelf.remember(KALEB, "a", "b").id, expires_at=shelf.now() - timedelta(1))
+    for stranger in STRANGERS:
+        with pytest.raises(NotFound):
+            shelf.set_expiry(stranger, shelf.remember(KALEB, "a", "b").id, ttl=5)
+
+
+def test_every_search_mode_shows_its_working(shelf):
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    hit = shelf.search(KALEB, "printer", mode="keyword")[0]
+    assert set(hit.details) == {"keyword_rank", "keyword_score"}
+    assert hit.details["keyword_rank"] == 1 and hit.details["keyword_score"] == pytest.approx(hit.score, abs=1e-6)
+
+
 @pytest.mark.parametrize("floor", [1.5, -2, float("nan"), "0.3", True])
 def test_a_bad_floor_is_refused(shelf, floor):
     with pytest.raises(InvalidInput, match="floor"):
@@ -622,10 +743,12 @@ def test_evidence_is_kept_per_record_and_erased_with_it(shelf):
     assert shelf.evidence(KALEB, memory_id=memory.id) == rows[:1]
     assert shelf.evidence(KALEB, key="pet") == rows[1:]
     assert shelf.evidence(MAYA, memory_id=memory.id) == []
+    assert shelf.evidence(KALEB) == rows  # everything learned, for an inspector
+    assert shelf.evidence(MAYA) == []
     shelf.forget(KALEB, memory.id)
     assert shelf.evidence(KALEB, memory_id=memory.id) == []
-    with pytest.raises(InvalidInput, match="memory_id"):
-        shelf.evidence(KALEB)
+    with pytest.raises(InvalidInput, match="not both"):
+        shelf.evidence(KALEB, memory_id=memory.id, key="pet")
 
 
 def test_forget_thread_erases_its_messages_and_watermark_and_cascades_by_evidence(shelf):
