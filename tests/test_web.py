@@ -5,6 +5,7 @@ page"), at desktop and phone widths, for a person to look at."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -118,12 +119,14 @@ PRINTER, TOMATOES = "The office printer is on 192.168.1.40.", "Water the <b>toma
 LONG_LINK = "https://wiki.example.org/" + "a-path-segment-that-never-breaks" * 8
 
 
-def seed(served: Served, user: str, *memories: tuple[str, str]) -> list[Memory]:
-    """The user's memories become exactly these (the module's tests share one server and database)."""
+def seed(served: Served, user: str, *memories: tuple[str, ...]) -> list[Memory]:
+    """The user's records become exactly these memories, (topic, content) or (topic, content, source): the module's
+    tests share one server and database."""
     owner = Owner(TENANT, user)
     with Shelf.open(served.db, embedder=None) as shelf:
         shelf.forget_user(owner)
-        return shelf.remember_many(owner, [{"topic": topic, "content": content} for topic, content in memories])
+        return shelf.remember_many(owner, [{"topic": m[0], "content": m[1], "source": m[2] if len(m) > 2 else "stated"}
+                                           for m in memories])
 
 
 def stored_topics(served: Served, user: str) -> list[str]:
@@ -140,6 +143,10 @@ def open_as(page: Any, served: Served, user: str, key: str | None = None) -> Non
 def show_memories(page: Any, count: int) -> None:
     page.get_by_role("button", name="Show memories").click()
     page.wait_for_function("n => document.querySelectorAll('#rows tr').length === n", arg=count)
+
+
+def status(page: Any) -> Any:
+    return page.locator("#status")
 
 
 def focused(page: Any) -> str:
@@ -166,6 +173,17 @@ def answer_dialogs(page: Any, accept: bool) -> list[str]:
     return asked
 
 
+def row_of(page: Any, text: str) -> Any:
+    return page.locator("#rows tr", has_text=text)
+
+
+def search_for(page: Any, question: str) -> None:
+    page.get_by_role("tab", name="Search").click()
+    page.get_by_label("Question").fill(question)
+    page.get_by_role("button", name="Search", exact=True).click()
+
+
+# ---------------------------------------------------------------------------------------------- reading
 def test_the_page_lists_searches_and_forgets_a_users_memories(page: Any, served: Served) -> None:
     printer = seed(served, USER, ("office", PRINTER), ("garden", TOMATOES))[0]
     open_as(page, served, USER)
@@ -174,70 +192,252 @@ def test_the_page_lists_searches_and_forgets_a_users_memories(page: Any, served:
     assert TOMATOES in page.locator("#rows").inner_text() and page.locator("#rows b").count() == 0  # text, not HTML
     shot(page, "memories")
 
-    page.get_by_label("Question").fill("printer")
-    page.get_by_role("button", name="Search", exact=True).click()
+    search_for(page, "printer")
     page.get_by_text("1 hit (keyword)").wait_for()
-    assert page.locator("#rows tr").count() == 1
-    assert "192.168.1.40" in page.locator("#rows").inner_text()
-    shot(page, "search")
+    assert page.locator("#hit-rows tr").count() == 1
+    assert "192.168.1.40" in page.locator("#hit-rows").inner_text()
 
     asked = answer_dialogs(page, accept=True)
-    page.get_by_role("button", name="Forget").click()
-    page.get_by_text(f"Forgot “{printer.content}”").wait_for()
+    page.locator("#hit-rows").get_by_role("button", name="Forget").click()
+    status(page).get_by_text(f"Forgot “{printer.content}”").wait_for()
     assert len(asked) == 1 and PRINTER in asked[0]
     assert stored_topics(served, USER) == ["garden"]
+    assert focused(page) == "question"  # the only hit is gone: back to the question
+    page.get_by_role("tab", name="Memories").click()
+    page.get_by_text("1 memory shown").wait_for()
 
 
-@pytest.mark.parametrize("which", ["wrong", "admin"])
-def test_a_key_that_cannot_read_says_what_to_do(page: Any, served: Served, which: str) -> None:
-    key, says = {"wrong": ("ms_not_a_real_key", "This API key is wrong or revoked"),
-                 "admin": (served.admin, "This is an admin key")}[which]
-    open_as(page, served, USER, key=key)
-    page.get_by_role("button", name="Show memories").click()
-    status = page.locator("#status")
-    status.get_by_text(says).wait_for()
-    assert "memshelf keys create --tenant NAME" in status.inner_text()
-    assert "Authorization" not in status.inner_text()  # the page's terms, not the HTTP API's
-    assert "error" in (status.get_attribute("class") or "") and focused(page) == "key"
-
-
-def test_a_server_that_does_not_answer_is_a_sentence_on_the_page(page: Any, served: Served) -> None:
-    open_as(page, served, USER)
-    page.route("**/v1/**", lambda route: route.abort())  # as when memshelf serve has stopped
-    page.get_by_role("button", name="Show memories").click()
-    page.locator("#status").get_by_text("The server did not answer: check that memshelf serve is still").wait_for()
-
-
-def test_a_key_without_a_user_asks_for_the_user(page: Any, served: Served) -> None:
+def test_the_tenants_users_are_listed_with_their_counts_filtered_and_opened(page: Any, served: Served) -> None:
+    for user in ["ana", "ben", "dan_b"]:
+        seed(served, user, ("desk", f"{user}'s desk is by the window."))
+    seed(served, USER, ("office", PRINTER), ("garden", TOMATOES))
+    with Shelf.open(served.db, embedder=None) as shelf:
+        shelf.set_fact(Owner(TENANT, USER), "user_name", "Kaleb")
+        shelf.log_message(Owner(TENANT, USER), "t1", "user", "Hello there.")
+        shelf.remember(Owner("elsewhere", "zed"), "x", "Another tenant's user.")
     page.goto(served.url + "/")
     page.get_by_label("API key").fill(served.secret)
-    page.locator("#question").fill("printer")
-    status = page.locator("#status")
-    for button in ["Show memories", "Search", "Erase this user"]:
-        page.evaluate("document.getElementById('status').textContent = ''")
-        page.get_by_role("button", name=button).first.click()
-        status.get_by_text("Type the user's id first").wait_for()
-        assert "endpoint" not in status.inner_text() and focused(page) == "user"
-    assert page.get_by_label("User", exact=True).get_attribute("aria-invalid") == "true"
+    page.get_by_role("button", name="List users").click()
+    status(page).get_by_text(re.compile(r"\d+ users shown")).wait_for()
+    listed = page.locator("#user-rows tr")
+    users = [listed.nth(n).locator("td").first.inner_text() for n in range(listed.count())]
+    assert {"ana", "ben", "dan_b", USER} <= set(users) and "zed" not in users and users == sorted(users)
+    kaleb = page.locator("#user-rows tr", has_text=USER)
+    assert [kaleb.locator("td").nth(n).inner_text() for n in range(1, 4)] == ["2", "1", "1"]
+    assert "UTC" in kaleb.locator("td").nth(4).inner_text()
+    shot(page, "users")
+
+    page.get_by_label("Filter users by id").fill("N_")
+    page.get_by_role("button", name="Filter").click()
+    status(page).get_by_text("1 user whose id contains “N_” shown").wait_for()
+    assert page.locator("#user-rows tr").count() == 1 and "dan_b" in page.locator("#user-rows").inner_text()
+    page.get_by_label("Filter users by id").fill("nobody-has-this")
+    page.get_by_role("button", name="Filter").click()
+    status(page).get_by_text("No user's id contains “nobody-has-this”").wait_for()
+
+    page.get_by_label("Filter users by id").fill("")
+    page.get_by_role("button", name="Filter").click()
+    page.get_by_role("button", name=f"Open {USER}").click()
+    page.get_by_text("2 memories shown").wait_for()
+    assert page.get_by_label("User", exact=True).input_value() == USER and page.locator("#users-panel").is_hidden()
+    assert page.get_by_role("heading", name=f"User {USER}").is_visible()
 
 
-def test_an_empty_search_asks_for_something_to_search_for(page: Any, served: Served) -> None:
-    seed(served, USER, ("office", PRINTER))
+def test_memories_filter_by_topic_source_and_text_order_by_confidence_and_show_what_replaced_them(
+        page: Any, served: Served) -> None:
+    old, _, _, new = seed(served, USER, ("home", "Kaleb lives in Porto.", "mined"), ("office", PRINTER, "inferred"),
+                          ("garden", TOMATOES, "stated"), ("home", "Kaleb lives in Lisbon.", "stated"))
+    with Shelf.open(served.db, embedder=None) as shelf:
+        shelf.store.supersede_memory(Owner(TENANT, USER), old.id, new.id, shelf.now())
+    open_as(page, served, USER)
+    show_memories(page, 3)
+
+    def apply(count: int) -> list[str]:
+        page.get_by_role("button", name="Apply").click()
+        page.wait_for_function("n => document.querySelectorAll('#rows tr').length === n", arg=count)
+        return page.locator("#rows .content").all_inner_texts()
+
+    page.get_by_label("Source").select_option("inferred")
+    assert apply(1) == [PRINTER]
+    page.get_by_label("Source").select_option("")
+    page.get_by_label("Text").fill("LISBON")
+    assert apply(1) == ["Kaleb lives in Lisbon."]
+    page.get_by_label("Text").fill("")
+    page.get_by_label("Topic").fill("garden")
+    assert apply(1) == [TOMATOES]
+    page.get_by_label("Topic").fill("")
+    page.get_by_label("Order").select_option("confident")
+    assert apply(3)[-1] == PRINTER  # inferred (0.4) last
+    page.get_by_label("Topic").fill("nothing-like-this")
+    apply(0)
+    status(page).get_by_text("None of kaleb's memories match these filters").wait_for()
+    page.get_by_label("Topic").fill("home")
+    page.get_by_label("Show superseded").check()
+    assert apply(2) == ["Kaleb lives in Lisbon.", "Kaleb lives in Porto."]
+    replaced = row_of(page, "Porto")
+    replaced.get_by_text("“Kaleb lives in Lisbon.”").wait_for()
+    assert "Superseded" in replaced.inner_text()
+    assert replaced.get_by_role("button", name=re.compile("^Confirm")).count() == 0  # what replaced it is current
+    assert_fits(page, "filters")
+    shot(page, "superseded")
+
+
+# ---------------------------------------------------------------------------------------------- fixing
+def test_confirming_a_guess_makes_it_stated_and_says_when(page: Any, served: Served) -> None:
+    guess = seed(served, USER, ("office", PRINTER, "inferred"), ("garden", TOMATOES, "stated"))[0]
+    open_as(page, served, USER)
+    show_memories(page, 2)
+    assert row_of(page, "tomatoes").get_by_role("button", name=re.compile("^Confirm")).count() == 0  # stated already
+    row_of(page, "printer").get_by_role("button", name=re.compile("^Confirm")).click()
+    status(page).get_by_text(f"Confirmed “{PRINTER}”: it now counts as said by {USER} (was inferred).").wait_for()
+    confirmed = row_of(page, "printer")
+    assert "Confirmed by the user" in confirmed.inner_text() and "stated" in confirmed.inner_text()
+    assert confirmed.get_by_role("button", name=re.compile("^Confirm")).count() == 0
+    assert focused(page).startswith("Change the expiry of office")
+    with Shelf.open(served.db, embedder=None) as shelf:
+        memory = shelf.get(Owner(TENANT, USER), guess.id)
+    assert (memory.source, memory.confirmed_from) == ("stated", "inferred") and memory.confirmed_at is not None
+    shot(page, "confirmed")
+
+
+def test_an_expiry_is_changed_in_a_dialog_and_a_past_date_is_refused_in_words(page: Any, served: Served) -> None:
+    memory = seed(served, USER, ("office", PRINTER))[0]
+    owner = Owner(TENANT, USER)
     open_as(page, served, USER)
     show_memories(page, 1)
-    status = page.locator("#status")
-    for question in ["", "   "]:
-        page.locator("#question").fill(question)
-        page.get_by_role("button", name="Search", exact=True).click()
-        status.get_by_text("Type something to search for").wait_for()
-        assert "question" not in status.inner_text() and focused(page) == "question"
-    assert page.locator("#rows tr").count() == 1  # nothing was searched, so the list stays
+    page.get_by_role("button", name=re.compile("^Change the expiry of office")).click()
+    dialog = page.locator("#expiry-dialog")
+    assert dialog.is_visible() and focused(page) == "expiry-choice"
+    assert page.get_by_label("Date and time").is_hidden()  # only for "on a date…"
+    page.get_by_label("Expires").select_option("86400")
+    shot(page, "expiry", full_page=False)
+    page.get_by_role("button", name="Save expiry").click()
+    status(page).get_by_text(re.compile("now expires 2")).wait_for()
+    assert dialog.is_hidden() and "expires 2" in row_of(page, "printer").inner_text()
+    with Shelf.open(served.db, embedder=None) as shelf:
+        expires = shelf.get(owner, memory.id).expires_at
+        assert expires is not None and 86000 < (expires - shelf.now()).total_seconds() <= 86400
+
+    page.get_by_role("button", name=re.compile("^Change the expiry of office")).click()
+    page.get_by_label("Expires").select_option("date")
+    page.get_by_label("Date and time").fill("2001-01-01T09:00")
+    page.get_by_role("button", name="Save expiry").click()
+    dialog.get_by_text("That time has already passed: pick a later one, or choose never.").wait_for()
+    assert focused(page) == "expiry-date" and dialog.is_visible()
+    page.get_by_label("Expires").select_option("never")
+    page.get_by_role("button", name="Save expiry").click()
+    status(page).get_by_text("now never expires").wait_for()
+    with Shelf.open(served.db, embedder=None) as shelf:
+        assert shelf.get(owner, memory.id).expires_at is None
 
 
-def test_erasing_the_user_leaves_nothing_of_them_on_the_page(page: Any, served: Served) -> None:
-    seed(served, USER, *[("note", f"Note number {n}.") for n in range(55)])
+def test_facts_show_their_history_and_are_corrected_or_deleted(page: Any, served: Served) -> None:
+    seed(served, USER)
+    owner = Owner(TENANT, USER)
+    with Shelf.open(served.db, embedder=None) as shelf:
+        shelf.set_fact(owner, "user_name", "Kal", "mined")
+        shelf.set_fact(owner, "user_name", "Kaleb")
+        shelf.set_fact(owner, "user_name", "K. the guess", "inferred")  # weaker: history only
+        shelf.set_fact(owner, "home_city", "Porto")
     open_as(page, served, USER)
-    show, more = page.get_by_role("button", name="Show memories"), page.get_by_role("button", name="More")
+    show_memories(page, 0)
+    page.get_by_role("tab", name="Facts").click()
+    status(page).get_by_text("2 facts, most recently set first").wait_for()
+    page.get_by_role("button", name="Show the history of user_name").click()
+    timeline = page.locator("ol.timeline")
+    timeline.wait_for()
+    assert [line.split(" · ", 1)[1] for line in timeline.locator("li").all_inner_texts()] == [
+        "inferred · K. the guess (kept in history only: a weaker source)", "stated · Kaleb (current)",
+        "mined · Kal"]
+    shot(page, "facts")
+
+    page.get_by_role("button", name="Correct home_city").click()
+    assert focused(page) == "fact-value"
+    page.get_by_label("New value of home_city").fill("   ")
+    page.get_by_role("button", name="Save value").click()
+    page.locator("#fact-dialog").get_by_text("Type the new value, or Cancel to keep “Porto”.").wait_for()
+    page.get_by_label("New value of home_city").fill("Lisbon")
+    page.get_by_role("button", name="Save value").click()
+    status(page).get_by_text("home_city is now “Lisbon”; “Porto” stays in its history.").wait_for()
+    with Shelf.open(served.db, embedder=None) as shelf:
+        assert shelf.get_fact(owner, "home_city").value == "Lisbon"
+
+    asked = answer_dialogs(page, accept=True)
+    page.get_by_role("button", name="Delete user_name").click()
+    status(page).get_by_text("Deleted the fact user_name.").wait_for()
+    assert len(asked) == 1 and "user_name" in asked[0] and "cannot be undone" in asked[0]
+    with Shelf.open(served.db, embedder=None) as shelf:
+        assert [f.key for f in shelf.facts(owner)] == ["home_city"]
+    assert page.locator("#fact-rows tr").count() == 1
+
+
+def test_messages_by_thread_link_to_what_was_learned_from_them(page: Any, served: Served) -> None:
+    seed(served, USER)
+    owner = Owner(TENANT, USER)
+    with Shelf.open(served.db, embedder=None) as shelf:
+        for n in range(3):
+            shelf.log_message(owner, "chat-2", "user", f"Small talk number {n}.")
+        said = shelf.log_message(owner, "chat-1", "user", "I'm allergic to peanuts.")
+        shelf.log_message(owner, "chat-1", "assistant", "Noted.")
+        shelf.learn(owner, thread="chat-1")
+    open_as(page, served, USER)
+    show_memories(page, 1)
+    learned = row_of(page, "peanuts")
+    assert "Learned from" in learned.inner_text()
+    learned.get_by_role("button", name=re.compile("^Show the message in thread chat-1")).click()
+    status(page).get_by_text("in “chat-1”, newest first, by thread").wait_for()
+    message = page.locator(f"#message-{said.id}")
+    assert focused(page) == f"message-{said.id}" and "highlight" in (message.get_attribute("class") or "")
+    assert "Taught: “The user is allergic to peanuts.”" in message.inner_text()
+    shot(page, "messages")
+
+    page.get_by_label("Thread", exact=True).fill("")
+    page.get_by_role("button", name="Show messages").click()
+    status(page).get_by_text("5 messages, newest first, by thread").wait_for()
+    assert page.locator(".thread h3").all_inner_texts() == ["Thread chat-1", "Thread chat-2"]
+    page.get_by_role("button", name="Show only the thread chat-2").click()
+    status(page).get_by_text("3 messages in “chat-2”").wait_for()
+
+
+def test_search_shows_why_each_line_was_found(page: Any, served: Served) -> None:
+    seed(served, USER, ("office", PRINTER), ("office", "The printer toner is in the supply closet.", "inferred"))
+    open_as(page, served, USER)
+    show_memories(page, 2)
+    search_for(page, "printer toner")
+    page.get_by_text("2 hits (keyword), best first").wait_for()
+    why = page.locator("#hit-rows td.why").all_inner_texts()
+    assert why[0].startswith("By words: rank 1, bm25 ") and why[1].startswith("By words: rank 2, bm25 ")
+    assert_fits(page, "search")
+    shot(page, "search")
+    page.get_by_label("Question").fill("   ")
+    page.get_by_role("button", name="Search", exact=True).click()
+    status(page).get_by_text("Type something to search for").wait_for()
+    assert "question" not in status(page).inner_text() and focused(page) == "question"
+
+
+def test_export_downloads_the_user_as_json_lines(page: Any, served: Served) -> None:
+    seed(served, USER, ("office", PRINTER))
+    with Shelf.open(served.db, embedder=None) as shelf:
+        shelf.set_fact(Owner(TENANT, USER), "user_name", "Kaleb")
+    open_as(page, served, USER)
+    show_memories(page, 1)
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export as JSON Lines").click()
+    saved = download.value
+    assert saved.suggested_filename == f"memshelf-{USER}.jsonl"
+    lines = [json.loads(line) for line in Path(saved.path()).read_text(encoding="utf-8").splitlines()]
+    assert [r["kind"] for r in lines] == ["memshelf-export", "memory", "fact", "fact_change"]
+    assert lines[1]["content"] == PRINTER
+    status(page).get_by_text(f"Exported {USER}: 3 records in memshelf-{USER}.jsonl").wait_for()
+
+
+def test_erasing_the_user_leaves_a_receipt_and_nothing_of_them_on_the_page(page: Any, served: Served) -> None:
+    seed(served, USER, *[("note", f"Note number {n}.") for n in range(55)])
+    with Shelf.open(served.db, embedder=None) as shelf:
+        shelf.set_fact(Owner(TENANT, USER), "user_name", "Kaleb")
+        shelf.log_message(Owner(TENANT, USER), "t1", "user", "Hello.")
+    open_as(page, served, USER)
+    show, more = page.get_by_role("button", name="Show memories"), page.get_by_role("button", name="More", exact=True)
     show.click()
     page.get_by_text("50 memories shown").wait_for()
     more.click()
@@ -249,26 +449,63 @@ def test_erasing_the_user_leaves_nothing_of_them_on_the_page(page: Any, served: 
 
     asked = answer_dialogs(page, accept=True)
     page.get_by_role("button", name="Erase this user").click()
-    page.locator("#status").get_by_text(re.compile(r"Erased .*55 memories")).wait_for()
+    status(page).get_by_text(re.compile(r"Erased .*55 memories, 1 fact, 1 message")).wait_for()
     assert len(asked) == 1 and USER in asked[0]
-    assert page.locator("#rows tr").count() == 0 and more.is_hidden() and page.locator("#results").is_hidden()
-    assert "shown" not in page.locator("#status").inner_text()
+    receipt = page.locator("#receipt")
+    assert receipt.is_visible() and focused(page) == "receipt"
+    counts = dict(zip(receipt.locator("dt").all_inner_texts(), receipt.locator("dd").all_inner_texts()))
+    assert counts == {"Memories": "55", "Facts": "1", "Fact history entries": "1", "Messages": "1"}
+    assert page.locator("#rows tr").count() == 0 and page.locator("#user-panel").is_hidden()
     assert stored_topics(served, USER) == []
     shot(page, "erased")
     show.click()
     page.get_by_text(f"{USER} has no memories here").wait_for()
-    assert page.locator("#results").is_hidden()
+    assert page.locator("#results").is_hidden() and receipt.is_hidden()
 
 
-def test_another_user_or_key_clears_the_rows_shown(page: Any, served: Served) -> None:
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("which", ["wrong", "admin"])
+def test_a_key_that_cannot_read_says_what_to_do(page: Any, served: Served, which: str) -> None:
+    key, says = {"wrong": ("ms_not_a_real_key", "This API key is wrong or revoked"),
+                 "admin": (served.admin, "This is an admin key")}[which]
+    for button in ["Show memories", "List users"]:
+        open_as(page, served, USER, key=key)
+        page.get_by_role("button", name=button).click()
+        status(page).get_by_text(says).wait_for()
+        assert "memshelf keys create --tenant NAME" in status(page).inner_text()
+        assert "Authorization" not in status(page).inner_text()  # the page's terms, not the HTTP API's
+        assert "error" in (status(page).get_attribute("class") or "") and focused(page) == "key"
+
+
+def test_a_server_that_does_not_answer_is_a_sentence_on_the_page(page: Any, served: Served) -> None:
+    open_as(page, served, USER)
+    page.route("**/v1/**", lambda route: route.abort())  # as when memshelf serve has stopped
+    page.get_by_role("button", name="Show memories").click()
+    status(page).get_by_text("The server did not answer: check that memshelf serve is still").wait_for()
+
+
+def test_a_missing_key_or_user_asks_for_it(page: Any, served: Served) -> None:
+    page.goto(served.url + "/")
+    for button in ["Show memories", "List users"]:
+        page.get_by_role("button", name=button).click()
+        status(page).get_by_text("Paste an API key first").wait_for()
+        assert focused(page) == "key"
+    page.get_by_label("API key").fill(served.secret)
+    page.get_by_role("button", name="Show memories").click()
+    status(page).get_by_text("Type the user's id first, or press List users to pick one.").wait_for()
+    assert "endpoint" not in status(page).inner_text() and focused(page) == "user"
+    assert page.get_by_label("User", exact=True).get_attribute("aria-invalid") == "true"
+
+
+def test_another_user_or_key_clears_what_is_shown(page: Any, served: Served) -> None:
     seed(served, USER, *[("note", f"Note number {n}.") for n in range(51)])
     for field in ["User", "API key"]:
         open_as(page, served, USER)
         page.get_by_role("button", name="Show memories").click()
         page.get_by_text("50 memories shown").wait_for()
         page.get_by_label(field, exact=True).fill("ana" if field == "User" else "ms_another_key")
-        assert page.locator("#rows tr").count() == 0 and page.get_by_role("button", name="More").is_hidden()
-        assert page.locator("#status").inner_text() == ""
+        assert page.locator("#rows tr").count() == 0 and page.locator("#user-panel").is_hidden()
+        assert status(page).inner_text() == ""
 
 
 def test_forget_asks_first_and_dismissing_keeps_the_memory(page: Any, served: Served) -> None:
@@ -276,11 +513,11 @@ def test_forget_asks_first_and_dismissing_keeps_the_memory(page: Any, served: Se
     open_as(page, served, USER)
     show_memories(page, 1)
     asked = answer_dialogs(page, accept=False)
-    page.get_by_role("button", name="Forget").click()
+    page.get_by_role("button", name=re.compile("^Forget office")).click()
     page.evaluate("1")  # a round trip: the confirm, if any, has been answered
     assert len(asked) == 1 and PRINTER in asked[0] and "cannot be undone" in asked[0]
     assert stored_topics(served, USER) == ["office"]
-    assert page.locator("#rows tr").count() == 1 and "Forgot" not in page.locator("#status").inner_text()
+    assert page.locator("#rows tr").count() == 1 and "Forgot" not in status(page).inner_text()
 
 
 def test_forgetting_a_memory_forgotten_elsewhere_just_removes_its_row(page: Any, served: Served) -> None:
@@ -290,14 +527,15 @@ def test_forgetting_a_memory_forgotten_elsewhere_just_removes_its_row(page: Any,
     with Shelf.open(served.db, embedder=None) as shelf:
         shelf.forget(Owner(TENANT, USER), printer.id)
     answer_dialogs(page, accept=True)
-    page.get_by_role("button", name="Forget office").click()
+    page.get_by_role("button", name=re.compile("^Forget office")).click()
     page.get_by_text(f"Already forgotten: “{PRINTER}”").wait_for()
-    assert page.locator("#rows tr").count() == 1 and focused(page).startswith("Forget garden")
+    assert page.locator("#rows tr").count() == 1 and focused(page).startswith("Change the expiry of garden")
     assert stored_topics(served, USER) == ["garden"]
 
 
+# ---------------------------------------------------------------------------------------------- layout, keyboard
 def test_the_page_fits_the_screen(page: Any, served: Served) -> None:
-    seed(served, USER, ("a-topic-without-any-spaces-" * 4, f"Read {LONG_LINK}"), ("office", PRINTER))
+    seed(served, USER, ("a-topic-without-any-spaces-" * 4, f"Read {LONG_LINK}", "mined"), ("office", PRINTER))
     page.goto(served.url + "/")
     assert_fits(page, "empty")
     shot(page, "empty")
@@ -306,10 +544,9 @@ def test_the_page_fits_the_screen(page: Any, served: Served) -> None:
     page.get_by_text("2 memories shown").wait_for()
     assert_fits(page, "memories")
     shot(page, "long-lines")
-    page.locator("#question").fill("printer")
-    page.get_by_role("button", name="Search", exact=True).click()
-    page.get_by_text("1 hit").wait_for()
-    assert_fits(page, "search")
+    for tab in ["Facts", "Messages"]:
+        page.get_by_role("tab", name=tab).click()
+        assert_fits(page, tab)
     page.get_by_label("User", exact=True).fill("")
     page.get_by_role("button", name="Show memories").click()
     page.get_by_text("Type the user's id first").wait_for()
@@ -317,17 +554,17 @@ def test_the_page_fits_the_screen(page: Any, served: Served) -> None:
     shot(page, "error")
 
 
-def tab_to(page: Any, expected: str) -> None:
-    """Tab once; the focus lands on `expected` (an id, or the start of a label) and shows a ring."""
-    page.keyboard.press("Tab")
-    assert focused(page).startswith(expected)
+def tab_to(page: Any, expected: str, key: str = "Tab") -> None:
+    """Press a key (Tab); the focus lands on `expected` (an id, or the start of a label) and shows a ring."""
+    page.keyboard.press(key)
+    assert focused(page).startswith(expected), focused(page)
     ring = page.evaluate("(() => { const s = getComputedStyle(document.activeElement); "
                          "return [s.outlineStyle, parseFloat(s.outlineWidth)]; })()")
     assert ring[0] != "none" and ring[1] >= 2, f"no visible focus on {expected}: {ring}"
 
 
-def test_the_keyboard_alone_loads_searches_and_forgets(page: Any, served: Served) -> None:
-    seed(served, USER, ("office", PRINTER), ("garden", TOMATOES))
+def test_the_keyboard_alone_opens_searches_confirms_and_forgets(page: Any, served: Served) -> None:
+    seed(served, USER, ("office", PRINTER, "inferred"), ("garden", TOMATOES))
     page.goto(served.url + "/")
     unlabelled = page.evaluate("[...document.querySelectorAll('input, select, textarea')]"
                                ".filter((e) => !e.labels.length).map((e) => e.id)")
@@ -339,7 +576,18 @@ def test_the_keyboard_alone_loads_searches_and_forgets(page: Any, served: Served
     keyboard.type(USER)
     keyboard.press("Enter")
     page.get_by_text("2 memories shown").wait_for()
-    tab_to(page, "load")
+    for expected in ["load", "list-users", "export", "forget-user", "tab-memories", "f-topic", "f-source",
+                     "f-contains", "f-order", "f-superseded", "apply", "Change the expiry of garden",
+                     "Forget garden", "Confirm office"]:
+        tab_to(page, expected)
+    keyboard.press("Enter")
+    status(page).get_by_text("Confirmed").wait_for()
+    assert focused(page).startswith("Change the expiry of office")
+
+    page.locator("#tab-memories").focus()
+    tab_to(page, "tab-facts", "ArrowRight")
+    tab_to(page, "tab-messages", "ArrowRight")
+    tab_to(page, "tab-search", "ArrowRight")
     tab_to(page, "question")
     keyboard.type("printer")
     keyboard.press("Enter")
@@ -349,9 +597,9 @@ def test_the_keyboard_alone_loads_searches_and_forgets(page: Any, served: Served
     shot(page, "keyboard")
     asked = answer_dialogs(page, accept=True)
     keyboard.press("Enter")
-    page.get_by_text("Forgot").wait_for()
+    status(page).get_by_text("Forgot").wait_for()
     assert len(asked) == 1 and stored_topics(served, USER) == ["garden"]
-    assert focused(page) == "question"  # the only hit is gone: back to the question
+    assert focused(page) == "question"
 
 
 @pytest.mark.parametrize("path, shows", [("/docs", "POST/v1/users/{user}/memories"), ("/redoc", "memshelf API")])
