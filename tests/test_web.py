@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,24 +49,31 @@ class Served:
     admin: str
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """`memshelf serve` as a user starts it, over a fresh SQLite file, with a key for the tenant."""
-    db = tmp_path_factory.mktemp("web") / "memory.db"
-    with Shelf.open(db, embedder=None) as shelf:
-        secret = shelf.create_key(TENANT, "browser")[1]
-        admin = shelf.create_key(None, "admin")[1]
+@contextmanager
+def serving(db: Path, embedder: str) -> Iterator[str]:
+    """`memshelf serve` as a user starts it, on this database with this embedder; yields its URL."""
     port = free_port()
-    env = {**os.environ, "MEMSHELF_EMBEDDER": "none", "MEMSHELF_ACCESS_LOG": "0", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "MEMSHELF_EMBEDDER": embedder, "MEMSHELF_ACCESS_LOG": "0", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, "-m", "memshelf", "--db", str(db), "serve", "--port", str(port)],
                                env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, process)
-        yield Served(url, db, secret, admin)
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server with no embedder over a fresh SQLite file, with a key for the tenant and an admin key."""
+    db = tmp_path_factory.mktemp("web") / "memory.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        secret = shelf.create_key(TENANT, "browser")[1]
+        admin = shelf.create_key(None, "admin")[1]
+    with serving(db, "none") as url:
+        yield Served(url, db, secret, admin)
 
 
 @pytest.fixture(scope="module")
@@ -600,6 +608,40 @@ def test_the_keyboard_alone_opens_searches_confirms_and_forgets(page: Any, serve
     status(page).get_by_text("Forgot").wait_for()
     assert len(asked) == 1 and stored_topics(served, USER) == ["garden"]
     assert focused(page) == "question"
+
+
+def test_search_by_meaning_shows_both_retrievers_working(browser: Any, tmp_path: Path) -> None:
+    """With the server's local model, a hit found by words and by meaning shows both ranks and scores, and one
+    found by meaning alone says so."""
+    db = tmp_path / "meaning.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        secret = shelf.create_key(TENANT, "browser")[1]
+    with serving(db, "local") as url:
+        for content in ["The printer toner is in the supply closet.", "I use a standing desk at work.",
+                        "Spare ink cartridges sit on the top shelf."]:
+            answer = httpx.post(f"{url}/v1/users/{USER}/memories", json={"topic": "office", "content": content},
+                                headers={"Authorization": f"Bearer {secret}"}, timeout=120)
+            assert answer.status_code == 201, answer.text
+        context = browser.new_context(viewport={"width": WIDTHS["desktop"][0], "height": WIDTHS["desktop"][1]})
+        try:
+            page = context.new_page()
+            page.width_name = "desktop"
+            page.goto(url + "/")
+            page.get_by_label("API key").fill(secret)
+            page.get_by_label("User", exact=True).fill(USER)
+            show_memories(page, 3)
+            search_for(page, "Where is the printer toner?")
+            status(page).get_by_text(re.compile(r"hits? \(hybrid\), best first")).wait_for(timeout=120_000)
+            why = dict(zip(page.locator("#hit-rows .content").all_inner_texts(),
+                           page.locator("#hit-rows td.why").all_inner_texts()))
+            toner = why["The printer toner is in the supply closet."]
+            assert re.fullmatch(r"By words and meaning: words rank 1 \(bm25 [0-9.e-]+\); meaning rank 1 "
+                                r"\(cosine 0\.\d{3}\); fused score [0-9.e-]+", toner), toner
+            by_meaning = [text for text in why.values() if text.startswith("By meaning: rank ")]
+            assert by_meaning and all(re.search(r"cosine 0\.\d{3}$", text) for text in by_meaning), why
+            shot(page, "search-by-meaning")
+        finally:
+            context.close()
 
 
 @pytest.mark.parametrize("path, shows", [("/docs", "POST/v1/users/{user}/memories"), ("/redoc", "memshelf API")])
