@@ -123,14 +123,15 @@ def test_health_needs_no_key(anonymous: httpx.Client) -> None:
 def test_web_page_and_api_docs_are_served(anonymous: httpx.Client) -> None:
     page = anonymous.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-    assert "/v1/users/" in page.text and "Authorization" in page.text
+    assert 'fetch("/v1"' in page.text and "Authorization" in page.text
     assert "default-src 'none'" in page.headers["content-security-policy"]
     assert anonymous.get("/docs").status_code == 200
     paths = anonymous.get("/openapi.json").json()["paths"]
     for path in ("/v1/users/{user}/memories", "/v1/users/{user}/memories/batch", "/v1/users/{user}/search",
                  "/v1/users/{user}/context", "/v1/users/{user}/prompt", "/v1/users/{user}/facts/{key}",
                  "/v1/users/{user}/messages", "/v1/users/{user}/export", "/v1/users/{user}/import",
-                 "/v1/users/{user}/learn", "/v1/users/{user}/threads/{thread}", "/v1/admin/keys",
+                 "/v1/users/{user}/learn", "/v1/users/{user}/threads/{thread}", "/v1/users/{user}/evidence",
+                 "/v1/users/{user}/memories/{memory_id}/confirm", "/v1/admin/keys",
                  "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
         assert path in paths
 
@@ -606,7 +607,7 @@ def test_a_422_names_the_field_and_the_problem_in_plain_words(acme: httpx.Client
 
 
 @pytest.mark.parametrize("method, path, allow", [
-    ("PATCH", "/v1/users/u/memories", "GET, POST"), ("PUT", "/v1/users/u/memories/m_1", "DELETE, GET"),
+    ("PATCH", "/v1/users/u/memories", "GET, POST"), ("PUT", "/v1/users/u/memories/m_1", "DELETE, GET, PATCH"),
     ("POST", "/v1/users/u/facts/k", "DELETE, GET, PUT"), ("POST", "/health", "GET"),
     ("PUT", "/v1/admin/keys", "GET, POST"),
 ])

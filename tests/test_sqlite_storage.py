@@ -393,3 +393,20 @@ def test_http_says_503_for_busy_422_for_bad_data_500_for_the_rest(tmp_path):
         contents = [m["content"] for m in client.get("/v1/users/kaleb/memories").json()["items"]]
         assert sorted(contents) == ["A fine memory.", "Written after the lock."]
     shelf.close()
+
+
+def test_a_file_from_before_confirmations_gains_them_in_place(tmp_path):
+    """m011_confirmed adds two columns to a file of the previous version; its memories read as before and can be
+    confirmed. (The previous version's file is this one with the columns and the migration's record taken away.)"""
+    db = tmp_path / "memory.db"
+    owner = Owner("home", "kaleb")
+    with Shelf.open(db, embedder=None) as shelf:
+        guess = shelf.remember(owner, "office", "The printer is on 192.168.1.40.", "inferred")
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE memories DROP COLUMN confirmed_at")
+        conn.execute("ALTER TABLE memories DROP COLUMN confirmed_from")
+        conn.execute("DELETE FROM memshelf_migrations WHERE name = 'm011_confirmed'")
+    with Shelf.open(db, embedder=None) as shelf:
+        assert "m011_confirmed" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
+        assert shelf.get(owner, guess.id) == guess
+        assert shelf.confirm(owner, guess.id).confirmed_from == "inferred"
