@@ -669,8 +669,12 @@ def migrate(ctx: typer.Context, source: str = typer.Argument(..., help="Path or 
 @app.command()
 def serve(ctx: typer.Context, host: str = typer.Option("127.0.0.1", help="Address to listen on."),
           port: int = typer.Option(8077, help="Port."),
-          workers: int = typer.Option(1, help="Worker processes (share the SQLite file through WAL).")) -> None:
-    """Run the HTTP API (OpenAPI at /docs), the MCP endpoint at /mcp and the web page at /."""
+          workers: int = typer.Option(1, help="Worker processes (share the SQLite file through WAL)."),
+          upstream: str | None = typer.Option(None, envvar="MEMSHELF_UPSTREAM", help=(
+              "An OpenAI-compatible chat API (e.g. http://127.0.0.1:11434/v1): serve the memory proxy at "
+              "/v1/chat/completions in front of it; its key comes from MEMSHELF_UPSTREAM_KEY."))) -> None:
+    """Run the HTTP API (OpenAPI at /docs), the MCP endpoint at /mcp and the web page at /; with --upstream, the
+    memory proxy too."""
     from .server import serve as run_server
 
     s = _settings(ctx)
@@ -679,7 +683,7 @@ def serve(ctx: typer.Context, host: str = typer.Option("127.0.0.1", help="Addres
     if workers < 1:
         raise MemshelfError(f"--workers {workers}: pass 1 or more worker processes")
     run_server(host=host, port=port, workers=workers, db=s.db, embedder=s.embedder,
-               sources=s.options().get("sources"))
+               sources=s.options().get("sources"), upstream=upstream)
 
 
 @app.command()

@@ -17,6 +17,7 @@ from ..shelf import Shelf
 from ._deps import MAX_LIST_LIMIT
 from ._errors import ERROR_RESPONSES, install_error_handlers
 from ._middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, body_limit_for
+from ._proxy import UPSTREAM_ENV, Upstream, proxy_router
 from ._routers import ROUTERS
 from ._schemas import DECLARED_SOURCES, MAX_BATCH, MAX_SEARCH_LIMIT
 
@@ -42,10 +43,14 @@ MCP (streamable HTTP) is at `/mcp`, one POST per message: the same key, and the 
 
 
 def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str | None = None,
-               embedder: Any = _UNSET, sources: Mapping[str, float] | None = None, mcp: bool = True) -> FastAPI:
+               embedder: Any = _UNSET, sources: Mapping[str, float] | None = None, mcp: bool = True,
+               upstream: str | None = None) -> FastAPI:
     """The FastAPI app. `shelf` is a Shelf (the caller closes it) or a factory; without one, the app opens
     `Shelf.open(target, embedder=embedder, sources=sources)` with Shelf.open's defaults for what is not given
-    (MEMSHELF_DATABASE_URL or MEMSHELF_DB, MEMSHELF_EMBEDDER, MEMSHELF_SOURCES) and closes it at shutdown."""
+    (MEMSHELF_DATABASE_URL or MEMSHELF_DB, MEMSHELF_EMBEDDER, MEMSHELF_SOURCES) and closes it at shutdown.
+    upstream (else MEMSHELF_UPSTREAM): an OpenAI-compatible chat API's base URL, which turns on the memory proxy
+    (`POST /v1/chat/completions`, `GET /v1/models`; server/_proxy.py)."""
+    proxied = Upstream.from_env(upstream)  # checked before anything is opened
     owned = not isinstance(shelf, Shelf)
     opened = shelf if isinstance(shelf, Shelf) else (shelf or _opener(target, embedder, sources))()
     mcp_endpoint = _mcp_endpoint(opened) if mcp else None
@@ -58,6 +63,8 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
             try:
                 yield
             finally:
+                if proxied is not None:
+                    await proxied.close()
                 if owned:
                     opened.close()
 
@@ -68,6 +75,8 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
     install_error_handlers(app, lambda scope: _methods_at(app, scope))
     for router in ROUTERS:
         app.include_router(router)
+    if proxied is not None:
+        app.include_router(proxy_router(proxied, opened))
     if mcp_endpoint is not None:
         app.router.routes.append(Route("/mcp", mcp_endpoint, include_in_schema=False))  # an ASGI app: any method
     app.add_middleware(BodyLimit, limit_for=body_limit_for)
@@ -124,7 +133,7 @@ def app_from_env() -> FastAPI:
 
 def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str | None = None,
           embedder: str | None = None, log_level: str | None = None, access_log: bool | None = None,
-          sources: Mapping[str, float] | None = None) -> None:
+          sources: Mapping[str, float] | None = None, upstream: str | None = None) -> None:
     """Run the HTTP server (blocks). With several workers each process opens its own Shelf on the same database
     (SQLite in WAL mode, or PostgreSQL). log_level and access_log default to MEMSHELF_LOG_LEVEL (info) and
     MEMSHELF_ACCESS_LOG (1; 0 turns the per-request log lines off). The caller's os.environ is left as it was."""
@@ -138,15 +147,16 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str |
     options: dict[str, Any] = {"host": host, "port": port, "log_level": level.lower(), "access_log": access_log,
                                "proxy_headers": False}
     if workers == 1:  # one process: the app is built here and given its settings directly
-        uvicorn.run(create_app(target=db, embedder=_UNSET if embedder is None else embedder, sources=sources),
-                    **options)
+        uvicorn.run(create_app(target=db, embedder=_UNSET if embedder is None else embedder, sources=sources,
+                               upstream=upstream), **options)
         return
-    with _environ(_worker_settings(db, embedder, sources)):  # other processes learn the settings from the environment
+    # other processes learn the settings from the environment
+    with _environ(_worker_settings(db, embedder, sources, upstream)):
         uvicorn.run("memshelf.server:app_from_env", factory=True, workers=workers, **options)
 
 
-def _worker_settings(db: str | None, embedder: str | None,
-                     sources: Mapping[str, float] | None = None) -> dict[str, str | None]:
+def _worker_settings(db: str | None, embedder: str | None, sources: Mapping[str, float] | None = None,
+                     upstream: str | None = None) -> dict[str, str | None]:
     """The MEMSHELF_* variables that tell each worker process what serve() was told (None: unset it)."""
     settings: dict[str, str | None] = {}
     if db is not None:
@@ -156,6 +166,8 @@ def _worker_settings(db: str | None, embedder: str | None,
         settings["MEMSHELF_EMBEDDER"] = embedder
     if sources is not None:
         settings["MEMSHELF_SOURCES"] = ",".join(f"{name}={worth}" for name, worth in sources.items())
+    if upstream is not None:
+        settings[UPSTREAM_ENV] = upstream
     return settings
 
 

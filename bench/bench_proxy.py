@@ -1,0 +1,198 @@
+"""What the memory proxy adds to a chat request (issue 15): latency, and time to the first streamed byte.
+
+A loopback upstream that speaks the chat API (answering at once, or streaming five chunks) runs in this process;
+`memshelf serve --upstream` runs as a subprocess in front of it, over a fresh SQLite file whose user has --memories
+memories and a few facts. Each round sends the same chat request twice, back to back and in alternating order:
+once to the upstream directly, once through the proxy (which builds the memory context for the question, forwards,
+then logs both turns and learns from the thread after answering). The proxy's cost is the median of the paired
+differences; both p50s are printed beside it, measured in the same run.
+
+Two servers are measured: `--embedder none` (keyword search: the proxy's own cost, no question embedding) and
+`--embedder local` (the offline MiniLM model: the question's embedding included).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_proxy.py                     # 300 rounds, both embedders
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_proxy.py --rounds 100 --embedders none --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import TextGenerator, fmt_ms, machine, percentile, print_table, save_json  # noqa: E402
+
+from memshelf import Owner, Shelf  # noqa: E402
+
+OWNER = Owner("bench", "kaleb")
+QUESTION = "What did I say about the printer on the office network?"
+ANSWER = {"id": "c1", "object": "chat.completion", "created": 1, "model": "tiny",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "It is on 192.168.1.40."},
+                       "finish_reason": "stop"}]}
+
+
+def upstream_app() -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        if not body.get("stream"):
+            return JSONResponse(ANSWER)
+
+        async def events() -> Any:
+            for word in ["It ", "is ", "on ", "192.168.1.40", "."]:
+                chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+                         "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                await asyncio.sleep(0.002)
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def upstream() -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(upstream_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
+def proxy(db: Path, embedder: str, upstream_url: str) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "MEMSHELF_EMBEDDER": embedder, "MEMSHELF_ACCESS_LOG": "0", "MEMSHELF_LOG_LEVEL": "warning"}
+    process = subprocess.Popen([sys.executable, "-m", "memshelf", "--db", str(db), "serve", "--port", str(port),
+                                "--upstream", upstream_url], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("memshelf serve did not start") from None
+                time.sleep(0.1)
+        yield url + "/v1"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def seed(db: Path, embedder: str, memories: int) -> str:
+    """The user's memories (a few about the printer among generated ones) and facts; returns a tenant key."""
+    generated = TextGenerator(seed=11).sentences(memories - 3)
+    with Shelf.open(db, embedder=None if embedder == "none" else embedder) as shelf:
+        items = [{"topic": topic, "content": content, "source": source} for topic, content, source in generated]
+        items += [{"topic": "network", "content": line} for line in (
+            "The office printer is on 192.168.1.40.", "The printer jams on thick paper.",
+            "The guest network is called tulip.")]
+        shelf.remember_many(OWNER, items)
+        shelf.set_fact(OWNER, "user_name", "Kaleb")
+        shelf.set_fact(OWNER, "home_city", "Porto")
+        return shelf.create_key(OWNER.tenant)[1]
+
+
+def timed(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
+    start = time.perf_counter()
+    answer = client.post(url + "/chat/completions", json=body, headers=headers)
+    answer.raise_for_status()
+    return time.perf_counter() - start
+
+
+def first_byte(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
+    start = time.perf_counter()
+    elapsed = None
+    with client.stream("POST", url + "/chat/completions", json=body, headers=headers) as answer:
+        answer.raise_for_status()
+        for _ in answer.iter_raw():  # read to the end, so the proxy finishes the exchange as a client would
+            if elapsed is None:
+                elapsed = time.perf_counter() - start
+    assert elapsed is not None, "the stream was empty"
+    return elapsed
+
+
+def measure(embedder: str, rounds: int, memories: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder, upstream() as direct:
+        db = Path(folder) / "memory.db"
+        secret = seed(db, embedder, memories)
+        with proxy(db, embedder, direct) as through, httpx.Client(timeout=60) as client:
+            body = {"model": "tiny", "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                                  {"role": "user", "content": QUESTION}]}
+            mine = {"Authorization": f"Bearer {secret}", "X-Memshelf-User": OWNER.user,
+                    "X-Memshelf-Thread": "bench"}
+            streamed = {**body, "stream": True}
+            for _ in range(10):  # warm both paths (and load the model, for local)
+                timed(client, through, body, mine)
+                timed(client, direct, body, {})
+            results: dict[str, Any] = {}
+            for name, call, payload in (("request", timed, body), ("first byte", first_byte, streamed)):
+                plain, proxied = [], []
+                for n in range(rounds):
+                    order = [(plain, direct, {}), (proxied, through, mine)]
+                    for samples, url, headers in (order if n % 2 == 0 else order[::-1]):
+                        samples.append(call(client, url, payload, headers))
+                added = sorted(p - d for p, d in zip(proxied, plain))
+                results[name] = {"direct_p50_ms": percentile(plain, 50) * 1000,
+                                 "proxy_p50_ms": percentile(proxied, 50) * 1000,
+                                 "added_p50_ms": percentile(added, 50) * 1000,
+                                 "added_p90_ms": percentile(added, 90) * 1000}
+            return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=300, help="paired requests per measurement")
+    parser.add_argument("--memories", type=int, default=2000, help="memories of the user the proxy searches")
+    parser.add_argument("--embedders", default="none,local", help="comma-separated: none, local")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "memories": args.memories, "runs": {}}
+    rows = []
+    for embedder in args.embedders.split(","):
+        found = measure(embedder, args.rounds, args.memories)
+        report["runs"][embedder] = found
+        for name, numbers in found.items():
+            rows.append([embedder, name, fmt_ms(numbers["direct_p50_ms"]), fmt_ms(numbers["proxy_p50_ms"]),
+                         fmt_ms(numbers["added_p50_ms"]), fmt_ms(numbers["added_p90_ms"])])
+    print_table(f"memory proxy vs the upstream directly ({args.rounds} paired rounds, {args.memories} memories)",
+                ["embedder", "measure", "direct p50", "proxy p50", "added p50", "added p90"], rows)
+    save_json(args.json, report)
+
+
+if __name__ == "__main__":
+    main()

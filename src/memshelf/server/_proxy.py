@@ -1,0 +1,295 @@
+"""The memory proxy: `POST /v1/chat/completions` and `GET /v1/models` in the OpenAI chat API, forwarded to an
+OpenAI-compatible upstream (Ollama's /v1, vLLM, llama.cpp's server, OpenAI) with the user's memory added.
+
+For each chat request: the owner is the key's tenant and the user the request names (`X-Memshelf-User`, else the
+body's `user`); the memory context for the last user message (what build_prompt adds: facts, then relevant
+knowledge) is appended to the system message (or becomes one); nothing else in the body changes. The answer
+passes through as the upstream sent it, chunk by chunk when streamed. After it has been sent, the user's turn and
+the assistant's are logged to the thread (`X-Memshelf-Thread`, else DEFAULT_THREAD) and the thread is learned from
+in the background; a learn that fails is logged and retried (the turns are already stored, so nothing is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import ConfigError, MemshelfError
+from ..model import Owner
+from ..shelf import Shelf
+from ._deps import TenantDep
+from ._errors import ApiError
+
+__all__ = ["DEFAULT_THREAD", "THREAD_HEADER", "UPSTREAM_ENV", "UPSTREAM_KEY_ENV", "Upstream", "proxy_router"]
+
+log = logging.getLogger("memshelf.proxy")
+
+UPSTREAM_ENV = "MEMSHELF_UPSTREAM"
+UPSTREAM_KEY_ENV = "MEMSHELF_UPSTREAM_KEY"
+"""The upstream's API key (sent as `Authorization: Bearer`); OPENAI_API_KEY when unset; none when neither is."""
+USER_HEADER = "X-Memshelf-User"
+THREAD_HEADER = "X-Memshelf-Thread"
+DEFAULT_THREAD = "chat"
+"""The thread a user's proxied turns go to when the request names none."""
+RETRY_SECONDS = 30.0
+"""How long after a failed learn the proxy tries again (and again, doubling, up to RETRIES times)."""
+RETRIES = 5
+_FORWARDED_HEADERS = ("content-type", "cache-control", "x-request-id", "openai-processing-ms", "retry-after")
+"""The upstream's response headers passed on (not its length or encoding: the body may be re-chunked)."""
+
+
+@dataclass
+class Upstream:
+    """Where chat requests go: the upstream's base URL (its /v1) and key, one pooled async client, and the
+    background learning the proxy started (held so a task is not collected before it ends)."""
+
+    url: str
+    key: str | None = None
+    client: httpx.AsyncClient = field(init=False)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    locks: dict[tuple[str, str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"upstream {self.url!r} is not an http(s) URL: pass the chat API's base URL, e.g. "
+                              "http://127.0.0.1:11434/v1 for Ollama")
+        # Generations can take minutes: only connecting is bounded tightly.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
+
+    @classmethod
+    def from_env(cls, url: str | None = None) -> Upstream | None:
+        url = url or os.environ.get(UPSTREAM_ENV) or None
+        if url is None:
+            return None
+        return cls(url, os.environ.get(UPSTREAM_KEY_ENV) or os.environ.get("OPENAI_API_KEY") or None)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def proxy_router(upstream: Upstream, shelf: Shelf) -> APIRouter:
+    router = APIRouter(tags=["proxy"])
+
+    @router.get("/v1/models")
+    async def models(_: TenantDep) -> Response:
+        """The upstream's models, as it lists them."""
+        answer = await _send(upstream, "GET", "/models")
+        return Response(answer.content, answer.status_code, headers=_passed_on(answer))
+
+    @router.post("/v1/chat/completions")
+    async def chat(request: Request, tenant: TenantDep) -> Response:
+        """An OpenAI chat completion, with the user's memory in the system message; streamed when asked."""
+        body = await _chat_body(request)
+        owner = Owner(tenant, _user_of(request, body))
+        thread = request.headers.get(THREAD_HEADER) or DEFAULT_THREAD
+        said = _last_user_text(body["messages"])
+        memory = await run_in_threadpool(shelf.build_prompt, "", owner, said) if said.strip() else ""
+        if memory:
+            body["messages"] = _with_memory(body["messages"], memory)
+        turns = Turns(upstream, shelf, owner, thread, said)
+        if body.get("stream"):
+            return await _stream(upstream, body, turns)
+        answer = await _send(upstream, "POST", "/chat/completions", body)
+        if answer.is_success:
+            turns.answer = _answer_text(answer)
+        return Response(answer.content, answer.status_code, headers=_passed_on(answer),
+                        background=BackgroundTask(turns.keep) if answer.is_success else None)
+
+    return router
+
+
+@dataclass
+class Turns:
+    """What one exchange leaves in memory, written after the answer went out: the user's turn, the assistant's,
+    then learning on the thread."""
+
+    upstream: Upstream
+    shelf: Shelf
+    owner: Owner
+    thread: str
+    said: str
+    answer: str | None = None
+
+    async def keep(self) -> None:
+        try:
+            await run_in_threadpool(self._log)
+        except MemshelfError as exc:  # e.g. a store that is busy: the client has its answer, so say it here
+            log.error("could not log the turns of %s in thread %r: %s", self.owner, self.thread, exc)
+            return
+        self._spawn(self._learn(RETRIES))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.upstream.tasks.add(task)
+        task.add_done_callback(self.upstream.tasks.discard)
+
+    def _log(self) -> None:
+        if self.said.strip():
+            self.shelf.log_message(self.owner, self.thread, "user", self.said)
+        if self.answer and self.answer.strip():
+            self.shelf.log_message(self.owner, self.thread, "assistant", self.answer)
+
+    async def _learn(self, retries: int, wait: float | None = None) -> None:
+        """Learn from the thread (what was not learned yet); on failure, try again later. One learn at a time per
+        thread, so two answers in quick succession do not propose the same turn twice."""
+        wait = RETRY_SECONDS if wait is None else wait
+        lock = self.upstream.locks.setdefault((self.owner.tenant, self.owner.user, self.thread), asyncio.Lock())
+        try:
+            async with lock:
+                await run_in_threadpool(self.shelf.learn, self.owner, thread=self.thread)
+        except MemshelfError as exc:
+            if retries <= 0:
+                log.error("learning from thread %r of %s failed and will be retried with the thread's next "
+                          "exchange: %s", self.thread, self.owner, exc)
+                return
+            log.warning("learning from thread %r of %s failed, retrying in %.0f s: %s", self.thread, self.owner,
+                        wait, exc)
+            await asyncio.sleep(wait)
+            await self._learn(retries - 1, wait * 2)
+
+
+async def _chat_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not JSON ({exc}): send a chat completion request, "
+                                            '{"model": ..., "messages": [...]}') from None
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ApiError(422, "invalid_input", 'a chat completion needs "messages", a non-empty list of '
+                                             '{"role", "content"}')
+    return body
+
+
+def _user_of(request: Request, body: dict[str, Any]) -> str:
+    user = request.headers.get(USER_HEADER) or body.get("user")
+    if not isinstance(user, str) or not user.strip():
+        raise ApiError(400, "missing_user", f"whose memory? send the user as the request's \"user\" field (user= "
+                                            f"in the openai client) or the {USER_HEADER} header")
+    return user
+
+
+def _text(content: Any) -> str:
+    """A message's text: its content string, or the text parts of a list of parts (images are left out)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content
+                         if isinstance(part, dict) and part.get("type") == "text")
+    return ""
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _text(message.get("content"))
+    return ""
+
+
+def _with_memory(messages: list[Any], memory: str) -> list[Any]:
+    """The messages with the memory block at the end of the first system (or developer) message, or in a new
+    system message in front when there is none."""
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") in ("system", "developer"):
+            content = message.get("content")
+            if isinstance(content, list):
+                added: Any = [*content, {"type": "text", "text": memory}]
+            else:
+                added = f"{content}\n\n{memory}" if isinstance(content, str) and content.strip() else memory
+            return [*messages[:index], {**message, "content": added}, *messages[index + 1:]]
+    return [{"role": "system", "content": memory}, *messages]
+
+
+def _answer_text(answer: httpx.Response) -> str | None:
+    try:
+        return _text(answer.json()["choices"][0]["message"]["content"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _passed_on(answer: httpx.Response) -> dict[str, str]:
+    return {name: answer.headers[name] for name in _FORWARDED_HEADERS if name in answer.headers}
+
+
+async def _send(upstream: Upstream, method: str, path: str, body: Any = None) -> httpx.Response:
+    try:
+        return await upstream.client.request(method, upstream.url + path, json=body, headers=upstream.headers())
+    except httpx.HTTPError as exc:
+        raise _unreachable(upstream, path, exc) from None
+
+
+def _unreachable(upstream: Upstream, path: str, exc: Exception) -> ApiError:
+    return ApiError(502, "upstream_unreachable", f"the upstream {upstream.url + path} could not be reached "
+                                                 f"({type(exc).__name__}: {exc}): check that the model server is "
+                                                 f"running and that --upstream names its chat API")
+
+
+async def _stream(upstream: Upstream, body: dict[str, Any], turns: Turns) -> Response:
+    """Send the request and pass the upstream's server-sent events on as they come, reading the assistant's text
+    from them on the way; the turns are kept once the last chunk has gone out."""
+    request = upstream.client.build_request("POST", upstream.url + "/chat/completions", json=body,
+                                            headers=upstream.headers())
+    try:
+        answer = await upstream.client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        raise _unreachable(upstream, "/chat/completions", exc) from None
+    if not answer.is_success:
+        content = await answer.aread()
+        await answer.aclose()
+        return Response(content, answer.status_code, headers=_passed_on(answer))
+    events = _Events()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in answer.aiter_raw():
+                events.feed(chunk)
+                yield chunk
+        finally:
+            await answer.aclose()
+        turns.answer = events.text()
+
+    return StreamingResponse(chunks(), answer.status_code, headers=_passed_on(answer),
+                             background=BackgroundTask(turns.keep))
+
+
+class _Events:
+    """The assistant's text, read from a chat completion's server-sent events as they pass."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._parts: list[str] = []
+
+    def feed(self, chunk: bytes) -> None:
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            data = line.strip()
+            if not data.startswith(b"data:"):
+                continue
+            data = data[len(b"data:"):].strip()
+            if data == b"[DONE]":
+                continue
+            try:
+                delta = json.loads(data)["choices"][0].get("delta") or {}
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                continue
+            if isinstance(delta.get("content"), str):
+                self._parts.append(delta["content"])
+
+    def text(self) -> str:
+        self.feed(b"\n")
+        return "".join(self._parts)
