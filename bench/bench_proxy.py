@@ -5,7 +5,9 @@ A loopback upstream that speaks the chat API (answering at once, or streaming fi
 memories and a few facts. Each round sends the same chat request twice, back to back and in alternating order:
 once to the upstream directly, once through the proxy (which builds the memory context for the question, forwards,
 then logs both turns and learns from the thread after answering). The proxy's cost is the median of the paired
-differences; both p50s are printed beside it, measured in the same run.
+differences; both p50s are printed beside it, measured in the same run. Rounds are --gap seconds apart (default
+0.1), as a chat's turns are: the proxy logs and learns after each answer, and back to back (--gap 0) that work of
+one round overlaps the next round's request on this 2-core machine.
 
 Two servers are measured: `--embedder none` (keyword search: the proxy's own cost, no question embedding) and
 `--embedder local` (the offline MiniLM model: the question's embedding included).
@@ -146,7 +148,7 @@ def first_byte(client: httpx.Client, url: str, body: dict[str, Any], headers: di
     return elapsed
 
 
-def measure(embedder: str, rounds: int, memories: int) -> dict[str, Any]:
+def measure(embedder: str, rounds: int, memories: int, gap: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder, upstream() as direct:
         db = Path(folder) / "memory.db"
         secret = seed(db, embedder, memories)
@@ -166,6 +168,7 @@ def measure(embedder: str, rounds: int, memories: int) -> dict[str, Any]:
                     order = [(plain, direct, {}), (proxied, through, mine)]
                     for samples, url, headers in (order if n % 2 == 0 else order[::-1]):
                         samples.append(call(client, url, payload, headers))
+                    time.sleep(gap)
                 added = sorted(p - d for p, d in zip(proxied, plain))
                 results[name] = {"direct_p50_ms": percentile(plain, 50) * 1000,
                                  "proxy_p50_ms": percentile(proxied, 50) * 1000,
@@ -179,17 +182,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300, help="paired requests per measurement")
     parser.add_argument("--memories", type=int, default=2000, help="memories of the user the proxy searches")
     parser.add_argument("--embedders", default="none,local", help="comma-separated: none, local")
+    parser.add_argument("--gap", type=float, default=0.1, help="seconds between rounds (0: back to back)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "memories": args.memories, "runs": {}}
+    report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "memories": args.memories,
+                              "gap_s": args.gap, "runs": {}}
     rows = []
     for embedder in args.embedders.split(","):
-        found = measure(embedder, args.rounds, args.memories)
+        found = measure(embedder, args.rounds, args.memories, args.gap)
         report["runs"][embedder] = found
         for name, numbers in found.items():
             rows.append([embedder, name, fmt_ms(numbers["direct_p50_ms"]), fmt_ms(numbers["proxy_p50_ms"]),
                          fmt_ms(numbers["added_p50_ms"]), fmt_ms(numbers["added_p90_ms"])])
-    print_table(f"memory proxy vs the upstream directly ({args.rounds} paired rounds, {args.memories} memories)",
+    print_table(f"memory proxy vs the upstream directly ({args.rounds} paired rounds {args.gap} s apart, "
+                f"{args.memories} memories)",
                 ["embedder", "measure", "direct p50", "proxy p50", "added p50", "added p90"], rows)
     save_json(args.json, report)
 
