@@ -1,12 +1,14 @@
-"""/v1/admin: API keys, erasing a tenant, purging expired records and counting them (admin keys only)."""
+"""/v1/admin: API keys, erasing a tenant, purging expired records and counting them (admin keys only); and
+/v1/key, the key a request is made with (any key)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 
-from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, page_of
+from ...stores.base import ApiKey
+from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, caller_key, page_of
 from .._schemas import IDENTIFIER, NOT_BLANK, ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
 
 __all__ = ["router"]
@@ -16,6 +18,13 @@ router = APIRouter(tags=["admin"])
 KeyId = Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]
 TenantPath = Annotated[str, Path(max_length=200, json_schema_extra=IDENTIFIER)]
 TenantQuery = Annotated[str | None, Query(max_length=200, json_schema_extra=IDENTIFIER)]
+
+
+@router.get("/v1/key")
+async def this_key(key: Annotated[ApiKey, Depends(caller_key)]) -> KeyOut:
+    """The key this request was made with: its id, name, and tenant (null for an admin key), never its secret. A
+    client checks with it whose records it reaches."""
+    return KeyOut.of(key)
 
 
 @router.post("/v1/admin/keys", status_code=201)

@@ -1,0 +1,192 @@
+"""memshelf.Client against a real server (uvicorn on loopback, both backends): the same assistant loop through the
+embedded Shelf and through the Client gives the same answers, errors are the Shelf's exception classes, a busy
+server is retried, and the iterators reach every record."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from memshelf import (AsyncClient, Client, ConfigError, Conflict, InvalidInput, Memory, NotFound, Owner, Shelf,
+                      StoreUnavailable, UnknownSource)
+from memshelf.server import create_app
+from test_server import LiveServer, free_port
+
+TENANT = "home"
+
+
+@dataclasses.dataclass
+class Served:
+    url: str
+    shelf: Shelf
+    secret: str
+    admin: str
+
+
+@pytest.fixture
+def served(target: str) -> Iterator[Served]:
+    with Shelf.open(target, embedder=None) as shelf:
+        secret = shelf.create_key(TENANT)[1]
+        admin = shelf.create_key(None)[1]
+        with LiveServer(create_app(target=target, embedder=None)) as live:
+            yield Served(live.url, shelf, secret, admin)
+
+
+def assistant_loop(memory: Any, owner: Owner) -> list[Any]:
+    """What an assistant does with its memory, and what it gets back, without ids and times (which differ)."""
+    seen: list[Any] = []
+    seen.append(list(memory.search(owner, "Where is the printer?")))
+    seen.append(memory.context(owner, "Where is the printer?"))
+    for content, source in [("The office printer is on 192.168.1.40.", "stated"),
+                            ("The printer jams on thick paper.", "mined"),
+                            ("The printer might be on the guest network.", "inferred")]:
+        memory.remember(owner, "network", content, source)
+    hits = memory.search(owner, "printer", mode="keyword")
+    seen.append([(h.memory.content, h.memory.source, h.retriever, sorted(h.details)) for h in hits])
+    seen.append((hits.mode, hits.degraded))
+    seen.append(memory.context(owner, "What did I say the printer's address was?"))
+    seen.append(memory.set_fact(owner, "user_name", "Kaleb").value)
+    kept = memory.set_fact(owner, "user_name", "K.", "inferred")
+    seen.append((kept.value, kept.note))
+    seen.append(memory.build_prompt("You are GLaDOS.", owner, "What did I say the printer's address was?"))
+    listed, cursor = memory.list_memories(owner, limit=2, order="confident")
+    seen.append([m.content for m in listed])
+    seen.append([m.content for m in memory.list_memories(owner, cursor=cursor, order="confident")[0]])
+    guess = memory.list_memories(owner, source="inferred")[0][0]
+    confirmed = memory.confirm(owner, guess.id)
+    seen.append((confirmed.source, confirmed.confidence, confirmed.confirmed_from))
+    seen.append(memory.set_expiry(owner, guess.id, ttl=3600).expires_at is not None)
+    memory.log_message(owner, "t1", "user", "I live in Porto.")
+    plan = memory.learn(owner, thread="t1")
+    seen.append([(p.op, p.source, p.key, p.value) for p in plan.proposals])
+    seen.append([(e.kind, e.record, e.thread) for e in memory.evidence(owner)])
+    seen.append([(f.key, f.value, f.source) for f in memory.facts(owner)])
+    seen.append([(c.value, c.source) for c in memory.fact_history(owner, "user_name")])
+    seen.append([(m.role, m.content) for m in memory.messages(owner, "t1")])
+    seen.append([r["kind"] for r in memory.export(owner)])
+    erased = memory.forget(owner, guess.id)
+    seen.append(erased.memories)
+    seen.append(dataclasses.replace(memory.forget_user(owner), scrub_pending=False))
+    seen.append(memory.context(owner, "Where is the printer?"))
+    return seen
+
+
+def test_the_assistant_loop_gives_the_same_answers_embedded_and_served(served: Served) -> None:
+    embedded = assistant_loop(served.shelf, Owner(TENANT, "kaleb"))
+    with Client(served.url, served.secret) as client:
+        remote = assistant_loop(client, Owner(TENANT, "kaleb"))
+    assert remote == embedded
+    assert embedded[0] == [] and embedded[1] == "" and "192.168.1.40" in embedded[4]
+
+
+def test_records_come_back_as_the_shelfs_types(served: Served) -> None:
+    owner = Owner(TENANT, "maya")
+    with Client(served.url, served.secret) as client:
+        memory = client.remember(owner, "office", "The printer is on 192.168.1.40.", ttl=3600)
+        assert isinstance(memory, Memory) and memory == served.shelf.get(owner, memory.id)
+        assert client.get(owner, memory.id) == memory
+        hit = client.search(owner, "printer", mode="keyword")[0]
+        assert hit.memory == memory and hit.score == pytest.approx(served.shelf.search(owner, "printer",
+                                                                                         mode="keyword")[0].score)
+        assert client.key().tenant == TENANT
+
+
+def test_errors_are_the_shelfs_exceptions_with_the_servers_advice(served: Served) -> None:
+    owner = Owner(TENANT, "kaleb")
+    with Client(served.url, served.secret) as client:
+        with pytest.raises(NotFound, match="GET /v1/users/kaleb/memories"):
+            client.get(owner, "m_0000000000000000")
+        with pytest.raises(UnknownSource, match="crm"):
+            client.remember(owner, "office", "A line.", "crm")
+        with pytest.raises(InvalidInput):
+            client.remember(owner, "office", "   ")
+        with pytest.raises(InvalidInput, match="next_cursor"):
+            client.list_memories(owner, cursor="not-a-cursor")
+        old = client.remember(owner, "home", "Kaleb lives in Porto.", "inferred")
+        new = client.remember(owner, "home", "Kaleb lives in Lisbon.")
+        served.shelf.store.supersede_memory(owner, old.id, new.id, served.shelf.now())
+        with pytest.raises(Conflict, match=new.id):
+            client.confirm(owner, old.id)
+        with pytest.raises(InvalidInput, match="for tenant 'home', not 'acme'"):
+            client.remember(Owner("acme", "kaleb"), "office", "Never sent.")
+    with Client(served.url, served.admin) as admin, pytest.raises(ConfigError, match="admin key"):
+        admin.search(owner, "printer")
+    with Client(served.url, "ms_wrong") as wrong, pytest.raises(ConfigError, match="wrong or revoked"):
+        wrong.search(owner, "printer")
+    with Client(f"http://127.0.0.1:{free_port()}", served.secret, retries=0) as nowhere, \
+            pytest.raises(StoreUnavailable, match="could not be reached"):
+        nowhere.search(owner, "printer")
+    with pytest.raises(ConfigError, match="http://"):
+        Client("127.0.0.1:8077", served.secret)
+
+
+def test_the_iterators_reach_every_record(served: Served) -> None:
+    owner, copy = Owner(TENANT, "bulk"), Owner(TENANT, "bulk-copy")
+    with Client(served.url, served.secret) as client:
+        stored = client.remember_many(owner, [{"topic": "notes", "content": f"Note number {n}."} for n in range(2300)])
+        assert len(stored) == 2300 and len({m.id for m in stored}) == 2300  # three batches
+        assert sorted(m.id for m in client.memories(owner)) == sorted(m.id for m in stored)
+        assert [m.content for m in client.memories(owner, contains="number 229")][::-1] == [
+            f"Note number {n}." for n in range(229, 2300) if str(n).startswith("229")]
+        records = list(client.export(owner))
+        assert records[0]["kind"] == "memshelf-export" and len(records) == 2301
+        assert client.import_(copy, records)["memories"] == 2300
+        assert served.shelf.list_users(TENANT)[0][0].user == "bulk"
+
+
+class Busy:
+    """A server that is busy (503, Retry-After: 0) for its first `busy` searches."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy, self.calls = busy, 0
+
+    def app(self) -> Starlette:
+        async def key(request: Request) -> Response:
+            return JSONResponse({"id": "k_1", "tenant": TENANT, "name": "", "created_at": "2026-01-01T00:00:00+00:00",
+                                 "revoked_at": None})
+
+        async def search(request: Request) -> Response:
+            self.calls += 1
+            if self.calls <= self.busy:
+                return JSONResponse({"error": {"type": "store_unavailable", "message": "the store is busy: retry"}},
+                                    503, headers={"Retry-After": "0"})
+            return JSONResponse({"mode": "keyword", "degraded": False, "reason": None, "unembedded": 0, "hits": []})
+
+        return Starlette(routes=[Route("/v1/key", key), Route("/v1/users/{user}/search", search, methods=["POST"])])
+
+
+def test_a_busy_server_is_retried_then_reported() -> None:
+    owner = Owner(TENANT, "kaleb")
+    patient = Busy(2)
+    with LiveServer(patient.app()) as live, Client(live.url, "ms_x", retries=3) as client:
+        assert list(client.search(owner, "printer")) == [] and patient.calls == 3
+    hasty = Busy(5)
+    with LiveServer(hasty.app()) as live, Client(live.url, "ms_x", retries=1) as client:
+        with pytest.raises(StoreUnavailable, match="busy"):
+            client.search(owner, "printer")
+        assert hasty.calls == 2
+
+
+def test_the_async_client_has_the_same_verbs(served: Served) -> None:
+    owner = Owner(TENANT, "cy")
+
+    async def converse() -> tuple[list[str], str, int]:
+        async with AsyncClient(served.url, served.secret) as memory:
+            await memory.remember(owner, "office", "The printer is on 192.168.1.40.")
+            await memory.set_fact(owner, "user_name", "Cy")
+            hits = await memory.search(owner, "printer", mode="keyword")
+            prompt = await memory.build_prompt("Base.", owner, "printer")
+            exported = await memory.export(owner)
+            return [h.memory.content for h in hits], prompt, len(exported)
+
+    contents, prompt, records = asyncio.run(converse())
+    assert contents == ["The printer is on 192.168.1.40."] and records == 4
+    assert prompt == served.shelf.build_prompt("Base.", owner, "printer")
