@@ -295,6 +295,10 @@ class Client:
         return decode(Erased, self._json("DELETE", self._user(owner, f"/threads/{quote(thread, safe='')}"),
                                           params={"cascade": "true" if cascade else None}))
 
+    def forget_message(self, owner: Owner, message_id: str) -> Erased:
+        answer = self._request("DELETE", self._user(owner, f"/messages/{quote(message_id, safe='')}"))
+        return Erased(messages=1, scrub_pending="x-memshelf-scrub-pending" in answer.headers)
+
     def forget_user(self, owner: Owner) -> Erased:
         return decode(Erased, self._json("DELETE", self._user(owner)))
 

@@ -690,6 +690,19 @@ class Shelf:
         return self.store.evidence(owner, "fact", check_text("fact key", key, MAX_FACT_KEY_CHARS))
 
     # ---------------------------------------------------------------- erasure
+    def forget_message(self, owner: Owner, message_id: str) -> Erased:
+        """Erase one message (and the evidence rows that cite it; what was learned from it stays). Another owner's
+        id, or one already gone, is NotFound."""
+        owner = _check_owner(owner)
+        if not isinstance(message_id, str) or not is_id("msg", message_id):
+            raise InvalidInput(f"message id must look like 'msg_3f9c0a1b2d4e5f60', got {message_id!r}: "
+                               "list_messages() returns them")
+        erased = self.store.delete_message(owner, message_id)
+        if not erased.messages:
+            raise NotFound(f"no message {message_id!r} for {owner}", "check the id: list_messages() returns them",
+                           after="; nothing was deleted")
+        return erased
+
     def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:
         """Erase a thread: its messages and its learning watermark. With cascade, also what was learned only from
         it: memories and facts (with their history) whose every evidence message is in this thread. A record with

@@ -331,6 +331,11 @@ class RecordStore(ABC):
     def evidence(self, owner: Owner, kind: str | None, record: str | None) -> list[Evidence]:
         """The evidence of one record (kind and record), or all of the owner's (both None), oldest first."""
 
+    def delete_message(self, owner: Owner, message_id: str) -> Erased:
+        """Erase one message of the owner, with the evidence rows that cite it (what was learned from it stays).
+        Erased.messages is 0 when the owner has no such message."""
+        raise StoreError(f"{type(self).__name__} cannot erase one message: implement delete_message")
+
     @abstractmethod
     def forget_thread(self, owner: Owner, thread: str, cascade: bool) -> Erased:
         """Erase the thread's messages, watermark and evidence; with cascade, also the memories and facts (with

@@ -417,6 +417,18 @@ class SQLRecords(Store):
             (owner.tenant, owner.user, kind, thread, owner.tenant, owner.user, kind, thread)).fetchall()
         return [r[0] for r in rows]
 
+    def delete_message(self, owner: Owner, message_id: str) -> Erased:
+        counts: dict[str, int] = {}
+        with self._owner_scope(owner.tenant) as db:
+            for table, column in (("messages", "id"), ("learned_from", "message_id")):
+                counts[table] = db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND {column} = ?"),
+                                           (owner.tenant, owner.user, message_id)).rowcount
+                if not counts["messages"]:
+                    break
+            self._erasing(db, counts)
+        pending = self._erased(counts, set(), whole_owner=False) if counts["messages"] else self.scrub_pending
+        return erased_from(counts, scrub_pending=pending)
+
     def forget_thread(self, owner: Owner, thread: str, cascade: bool) -> Erased:
         """One transaction: what was learned only from the thread (with cascade), then the thread's evidence,
         watermark and messages."""

@@ -751,6 +751,23 @@ def test_evidence_is_kept_per_record_and_erased_with_it(shelf):
         shelf.evidence(KALEB, memory_id=memory.id, key="pet")
 
 
+def test_one_message_is_erased_with_the_evidence_citing_it(shelf):
+    memory = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
+    said = shelf.log_message(KALEB, "t1", "user", "I have a cat.")
+    kept = shelf.log_message(KALEB, "t1", "user", "It is grey.")
+    shelf.store.add_evidence(KALEB, [Evidence("memory", memory.id, said.id, "t1", said.created_at)])
+    for stranger in STRANGERS:
+        with pytest.raises(NotFound):
+            shelf.forget_message(stranger, said.id)
+    assert shelf.forget_message(KALEB, said.id).messages == 1
+    assert [m.id for m in shelf.messages(KALEB, "t1")] == [kept.id]
+    assert shelf.evidence(KALEB, memory_id=memory.id) == [] and shelf.get(KALEB, memory.id) == memory
+    with pytest.raises(NotFound, match="nothing was deleted"):
+        shelf.forget_message(KALEB, said.id)
+    with pytest.raises(InvalidInput, match="message id"):
+        shelf.forget_message(KALEB, memory.id)
+
+
 def test_forget_thread_erases_its_messages_and_watermark_and_cascades_by_evidence(shelf):
     only_here = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
     also_elsewhere = shelf.remember(KALEB, "pets", "Kaleb has a dog.")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from ...model import MAX_TOPIC_CHARS
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
-from .._schemas import TEXT, ErasedOut, MessageIn, MessageOut, Page
+from .._schemas import NOT_BLANK, TEXT, ErasedOut, MessageIn, MessageOut, Page, erased_response
 
 __all__ = ["router"]
 
@@ -31,6 +31,13 @@ def list_messages(owner: OwnerDep, shelf: ShelfDep, limit: ListLimit = 50, curso
     """The user's messages (of one thread, or all), newest first, one page at a time."""
     items, next_cursor = shelf.list_messages(owner, thread, limit=limit, cursor=cursor)
     return Page[MessageOut](items=[MessageOut.of(m) for m in items], next_cursor=next_cursor)
+
+
+@router.delete("/v1/users/{user}/messages/{message_id}", status_code=204)
+def forget_message(owner: OwnerDep, shelf: ShelfDep,
+                   message_id: Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]) -> Response:
+    """Erase one message, with the evidence that cites it (what was learned from it stays)."""
+    return erased_response(shelf.forget_message(owner, message_id))
 
 
 @router.delete("/v1/users/{user}/threads/{thread}")
