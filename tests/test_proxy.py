@@ -236,6 +236,12 @@ def test_errors_say_what_to_do(proxy: Proxy) -> None:
     bad = httpx.post(proxy.url + "/v1/chat/completions", content=b"{not json",
                      headers={"Authorization": f"Bearer {proxy.secret}", "X-Memshelf-User": "kaleb"})
     assert bad.status_code == 400 and "not JSON" in bad.json()["error"]["message"]
+    picture = "data:image/png;base64," + "A" * (3 << 20)  # a conversation with an image is more than 1 MiB
+    with_image = client(proxy).chat.completions.create(model="tiny", user="kaleb", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": picture}}]}])
+    assert with_image.choices[0].message.content == ANSWER
+    assert proxy.upstream.received[-1]["messages"][-1]["content"][1]["image_url"]["url"] == picture
     empty = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "tiny", "messages": []},
                        headers={"Authorization": f"Bearer {proxy.secret}", "X-Memshelf-User": "kaleb"})
     assert empty.status_code == 422 and '"messages"' in empty.json()["error"]["message"]

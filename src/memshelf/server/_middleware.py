@@ -17,13 +17,15 @@ from ._errors import KEY_HINT, UNAUTHORIZED, error_response, memshelf_error_resp
 if TYPE_CHECKING:
     from ..shelf import Shelf
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IMPORT_BYTES", "MCP_PATH", "ApiKeyAuth", "BodyLimit", "bearer_secret",
-           "body_limit_for", "is_mcp"]
+__all__ = ["MAX_BODY_BYTES", "MAX_CHAT_BYTES", "MAX_IMPORT_BYTES", "MCP_PATH", "ApiKeyAuth", "BodyLimit",
+           "bearer_secret", "body_limit_for", "is_mcp"]
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body (1 MiB). Larger ones get 413; split a big batch into several requests."""
 MAX_IMPORT_BYTES = 64 << 20
 """Largest body of POST .../import (64 MiB of JSON Lines). Split bigger exports: importing is idempotent."""
+MAX_CHAT_BYTES = 32 << 20
+"""Largest body of POST /v1/chat/completions (the memory proxy): a whole conversation, images included."""
 MCP_PATH = "/mcp"
 _PROTECTED = ("/v1/", MCP_PATH)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -146,4 +148,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 def body_limit_for(path: str) -> int:
-    return MAX_IMPORT_BYTES if path.endswith("/import") else MAX_BODY_BYTES
+    if path.endswith("/import"):
+        return MAX_IMPORT_BYTES
+    return MAX_CHAT_BYTES if path == "/v1/chat/completions" else MAX_BODY_BYTES
