@@ -27,7 +27,7 @@ demo: $(VENV)/.demo-installed
 	$(VENV)/bin/memshelf demo
 
 test: $(VENV)/.test-installed lint browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The web page's tests drive Debian's Chromium through Playwright, which never downloads a browser of its own here.
 # As root (CI) it is installed; anyone else is told what to run, and those tests are skipped until they do.

@@ -127,6 +127,15 @@ def eventually(check: Any, seconds: float = 10.0) -> Any:
         time.sleep(0.05)
 
 
+def both_turns(proxy: Proxy, user: str, thread: str) -> list[tuple[str, str]]:
+    """The thread once the exchange's two turns are in it (they are logged one after the other)."""
+    def found() -> list[tuple[str, str]]:
+        turns = thread_of(proxy, user, thread)
+        return turns if len(turns) >= 2 else []
+
+    return eventually(found)
+
+
 def thread_of(proxy: Proxy, user: str, thread: str, tenant: str = TENANT) -> list[tuple[str, str]]:
     with Shelf.open(proxy.db, embedder=None) as shelf:
         return [(m.role, m.content) for m in shelf.messages(Owner(tenant, user), thread, limit=100)]
@@ -148,7 +157,7 @@ def test_a_conversation_is_logged_learned_and_recalled_by_the_next_one(proxy: Pr
     assert sent["messages"][0] == {"role": "system", "content": "You are a helpful assistant."}  # nothing known yet
     assert sent["messages"][1:] == [{"role": "user", "content": "I live in Porto."}]
     assert sent["user"] == "kaleb" and proxy.upstream.keys[-1] == "Bearer sk-upstream-secret"
-    assert eventually(lambda: thread_of(proxy, "kaleb", "monday")) == [("user", "I live in Porto."),
+    assert both_turns(proxy, "kaleb", "monday") == [("user", "I live in Porto."),
                                                                       ("assistant", ANSWER)]
     assert eventually(lambda: facts_of(proxy, "kaleb")) == {"home_city": "Porto"}
 
@@ -162,7 +171,7 @@ def test_a_conversation_is_logged_learned_and_recalled_by_the_next_one(proxy: Pr
     assert system.startswith("You are a helpful assistant.\n\nMemory context:\nKnown facts about the user:")
     assert "home_city: Porto" in system and sent["temperature"] == 0.2 and sent["model"] == "tiny"
     assert sent["messages"][1] == {"role": "user", "content": "Which city do I live in?"}
-    assert eventually(lambda: thread_of(proxy, "kaleb", "chat"))[0] == ("user", "Which city do I live in?")
+    assert both_turns(proxy, "kaleb", "chat")[0] == ("user", "Which city do I live in?")
 
 
 def test_streaming_passes_chunks_through_and_keeps_the_whole_answer(proxy: Proxy) -> None:
@@ -171,7 +180,7 @@ def test_streaming_passes_chunks_through_and_keeps_the_whole_answer(proxy: Proxy
         messages=[{"role": "user", "content": "I'm allergic to peanuts."}])
     pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
     assert len(pieces) == len(ANSWER.split(" ")) and "".join(pieces) == ANSWER
-    assert eventually(lambda: thread_of(proxy, "ana", "s1")) == [("user", "I'm allergic to peanuts."),
+    assert both_turns(proxy, "ana", "s1") == [("user", "I'm allergic to peanuts."),
                                                                 ("assistant", ANSWER)]
     with Shelf.open(proxy.db, embedder=None) as shelf:
         learned = eventually(lambda: shelf.list_memories(Owner(TENANT, "ana"))[0])
@@ -183,6 +192,21 @@ def test_streaming_passes_chunks_through_and_keeps_the_whole_answer(proxy: Proxy
     sent = proxy.upstream.received[-1]
     assert sent["messages"][0]["role"] == "system" and "allergic to peanuts" in sent["messages"][0]["content"]
     assert sent["stream"] is True
+
+
+def test_a_client_that_leaves_mid_stream_still_has_its_turn_kept(proxy: Proxy) -> None:
+    stream = client(proxy).chat.completions.create(
+        model="tiny", stream=True, user="finn", extra_headers={"X-Memshelf-Thread": "cut"},
+        messages=[{"role": "user", "content": "I live in Braga."}])
+    first = next(iter(stream))
+    stream.close()  # gone after the first chunk
+    assert first.choices[0].delta.content == "Noted, "
+    logged = both_turns(proxy, "finn", "cut")
+    time.sleep(0.3)  # time enough for a turn logged twice to show
+    assert thread_of(proxy, "finn", "cut") == logged
+    assert len(logged) == 2 and logged[0] == ("user", "I live in Braga."), logged  # each turn once
+    assert logged[1][0] == "assistant" and ANSWER.startswith(logged[1][1]), logged  # what was answered so far
+    assert eventually(lambda: facts_of(proxy, "finn")) == {"home_city": "Braga"}
 
 
 def test_the_async_client_works_the_same_way(proxy: Proxy) -> None:

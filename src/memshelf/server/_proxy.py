@@ -124,14 +124,22 @@ class Turns:
     thread: str
     said: str
     answer: str | None = None
+    kept: bool = False
 
     async def keep(self) -> None:
+        if self.kept:  # a stream the client left: the response's background task and later() may both ask
+            return
+        self.kept = True
         try:
             await run_in_threadpool(self._log)
         except MemshelfError as exc:  # e.g. a store that is busy: the client has its answer, so say it here
             log.error("could not log the turns of %s in thread %r: %s", self.owner, self.thread, exc)
             return
         self._spawn(self._learn(RETRIES))
+
+    def later(self) -> None:
+        """keep(), as a task of its own (when no response's background task will run it)."""
+        self._spawn(self.keep())
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -254,13 +262,17 @@ async def _stream(upstream: Upstream, body: dict[str, Any], turns: Turns) -> Res
     events = _Events()
 
     async def chunks() -> AsyncIterator[bytes]:
+        finished = False
         try:
             async for chunk in answer.aiter_raw():
                 events.feed(chunk)
                 yield chunk
+            finished = True
         finally:
+            turns.answer = events.text()
+            if not finished:  # the client went away mid-stream: keep what was said, and answered so far
+                turns.later()
             await answer.aclose()
-        turns.answer = events.text()
 
     return StreamingResponse(chunks(), answer.status_code, headers=_passed_on(answer),
                              background=BackgroundTask(turns.keep))
