@@ -61,8 +61,12 @@ def serving(db: Path, embedder: str) -> Iterator[str]:
         wait_healthy(url, process)
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        process.terminate()  # uvicorn waits for open connections to close; a browser may hold some open
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +81,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(served: Served) -> Iterator[Any]:
+    """Chromium, closed before the module's server stops (its idle connections would hold the server open)."""
     playwright = pytest.importorskip("playwright.sync_api")
     executable = chromium_path()
     with playwright.sync_playwright() as driver:
