@@ -40,6 +40,9 @@ MAX_BATCH = 1_000
 """The most memories one request of remember_many carries (the server's batch limit)."""
 PAGE = 1_000
 """How many records an iterator asks for at a time."""
+SCRUB_PENDING_HEADER = "X-Memshelf-Scrub-Pending"
+"""What the server sends with a 204 erasure whose text may linger on disk (server.SCRUB_PENDING_HEADER; not
+imported, so a client needs no server extra)."""
 
 _ERRORS: dict[str, type[MemshelfError]] = {
     "unknown_source": UnknownSource, "invalid_input": InvalidInput, "validation_error": InvalidInput,
@@ -143,6 +146,11 @@ class Client:
                                f"sent; use a key of tenant {owner.tenant!r} for its users")
         return f"/v1/users/{quote(owner.user, safe='')}{rest}"
 
+    def _erase(self, path: str, counted: str) -> Erased:
+        """DELETE one record (answered 204): one of `counted` erased, and whether its text may linger on disk."""
+        answer = self._request("DELETE", path)
+        return Erased(**{counted: 1}, scrub_pending=SCRUB_PENDING_HEADER in answer.headers)
+
     def key(self) -> ApiKey:
         """The key this client sends (asked of the server once): its id, name and tenant."""
         if self._key is None:
@@ -207,8 +215,7 @@ class Client:
                                           json_body=body))
 
     def forget(self, owner: Owner, memory_id: str) -> Erased:
-        answer = self._request("DELETE", self._user(owner, f"/memories/{quote(memory_id, safe='')}"))
-        return Erased(memories=1, scrub_pending="x-memshelf-scrub-pending" in answer.headers)
+        return self._erase(self._user(owner, f"/memories/{quote(memory_id, safe='')}"), "memories")
 
     # ------------------------------------------------------------------------------------------------ retrieval
     def search(self, owner: Owner, question: str, *, mode: str = "auto", limit: int = 5,
@@ -247,8 +254,7 @@ class Client:
         return list(self._pages(self._user(owner, f"/facts/{quote(key, safe='')}/history"), FactChange))
 
     def forget_fact(self, owner: Owner, key: str) -> Erased:
-        answer = self._request("DELETE", self._user(owner, f"/facts/{quote(key, safe='')}"))
-        return Erased(facts=1, scrub_pending="x-memshelf-scrub-pending" in answer.headers)
+        return self._erase(self._user(owner, f"/facts/{quote(key, safe='')}"), "facts")
 
     def _pages(self, path: str, kind: type[T], **params: Any) -> Iterator[T]:
         cursor = None
@@ -296,8 +302,7 @@ class Client:
                                           params={"cascade": "true" if cascade else None}))
 
     def forget_message(self, owner: Owner, message_id: str) -> Erased:
-        answer = self._request("DELETE", self._user(owner, f"/messages/{quote(message_id, safe='')}"))
-        return Erased(messages=1, scrub_pending="x-memshelf-scrub-pending" in answer.headers)
+        return self._erase(self._user(owner, f"/messages/{quote(message_id, safe='')}"), "messages")
 
     def forget_user(self, owner: Owner) -> Erased:
         return decode(Erased, self._json("DELETE", self._user(owner)))
