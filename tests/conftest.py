@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,9 @@ from memshelf.testing import clock, open_shelf, shelf  # noqa: F401  the contrac
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The local model's ONNX graph is made once into the checkout's build/ (kept between local runs, new in CI), never
+# into the user's own cache.
+os.environ.setdefault("MEMSHELF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / "build" / "cache"))
 
 
 @pytest.fixture(scope="session")

@@ -698,3 +698,67 @@ def test_local_model_finds_meaning_not_spelling(local_embedder: LocalEmbedder) -
         ]
     )
     assert cosine(question, printer) > cosine(question, coffee) + 0.1
+
+
+# --- the local model's two runtimes: ONNX Runtime (the default) and torch ------------------------------------------
+
+def _utterances() -> list[str]:
+    import json
+
+    folder = Path(__file__).resolve().parent / "data"
+    return [json.loads(line)["text"] for name in ("utterances.jsonl", "utterances_heldout.jsonl",
+                                                  "utterances_heldout2.jsonl")
+            for line in (folder / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_onnx_gives_torchs_vectors_and_the_same_search_results(local_embedder: LocalEmbedder) -> None:
+    from memshelf.embedders import local
+
+    assert local.runtime() == "onnx"  # the test extra installs onnxruntime, so the default is the graph
+    torch_model = local._shared_model()
+    corpus = _utterances()
+    odd = ["", "ok", "東京の天気は晴れです。", "naïve café ✓ " * 40, "printer " * 400]  # empty, CJK, truncated
+    ours = local_embedder.embed_batch(corpus + odd)
+    theirs = torch_model.encode(corpus + odd, normalize_embeddings=True, convert_to_numpy=True,
+                                show_progress_bar=False)
+    assert float(np.abs(ours - theirs).max()) < 1e-5
+    questions = ["what is my name?", "where do I live?", "which food do I like?", "when is my birthday?",
+                 "what do I do for work?", "do I have pets?"]
+    for question in questions:
+        q_ours, q_theirs = local_embedder.embed(question), torch_model.encode(question, normalize_embeddings=True)
+        top_ours = np.argsort(-(ours[:len(corpus)] @ q_ours), kind="stable")[:10]
+        top_theirs = np.argsort(-(theirs[:len(corpus)] @ q_theirs), kind="stable")[:10]
+        assert top_ours.tolist() == top_theirs.tolist(), question
+
+
+@pytest.mark.slow
+def test_a_damaged_or_disagreeing_graph_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture,
+                                                      local_embedder: LocalEmbedder) -> None:
+    from memshelf.embedders import _onnx, local
+
+    monkeypatch.setenv("MEMSHELF_CACHE_DIR", str(tmp_path))
+    graph = tmp_path / "minilm.onnx"
+    graph.write_bytes(b"half a file")
+    model = _onnx.load(local._model_dir(), "minilm", local._shared_model)
+    assert model is not None and graph.stat().st_size > 1_000_000 and "exporting it again" in caplog.text
+    np.testing.assert_allclose(model.encode(["hello"])[0], local_embedder.embed("hello"), atol=1e-6)
+    graph.unlink()
+    monkeypatch.setattr(_onnx, "AGREEMENT", -1.0)  # any difference at all is too much
+    assert _onnx.load(local._model_dir(), "minilm", local._shared_model) is None
+    assert not graph.exists() and "runs on torch" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # no half-written file left behind
+
+
+@pytest.mark.slow
+def test_a_process_with_the_graph_made_never_imports_torch(local_embedder: LocalEmbedder) -> None:
+    code = ("import sys; from memshelf.embedders.local import LocalEmbedder, runtime; "
+            "v = LocalEmbedder().embed_batch(['Where is the printer?']); "
+            "print(runtime(), v.shape, sorted(m for m in ('torch', 'sentence_transformers', 'transformers') "
+            "if m in sys.modules))")
+    for choice, expected in [("onnx", "onnx (1, 384) []"),
+                             ("torch", "torch (1, 384) ['sentence_transformers', 'torch', 'transformers']")]:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "MEMSHELF_LOCAL_RUNTIME": choice})
+        assert proc.stdout.strip() == expected, (proc.stdout, proc.stderr)
