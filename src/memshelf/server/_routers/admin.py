@@ -8,12 +8,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from ...stores.base import ApiKey
-from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, caller_key, page_of
+from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, WorkerRoute, caller_key, page_of
 from .._schemas import IDENTIFIER, NOT_BLANK, ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], route_class=WorkerRoute)
 
 KeyId = Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]
 TenantPath = Annotated[str, Path(max_length=200, json_schema_extra=IDENTIFIER)]

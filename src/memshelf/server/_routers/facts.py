@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from ...model import MAX_FACT_KEY_CHARS
-from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, page_of
+from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, WorkerRoute, page_of
 from .._schemas import TEXT, FactChangeOut, FactIn, FactOut, Page, erased_response
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["facts"])
+router = APIRouter(tags=["facts"], route_class=WorkerRoute)
 
 FactKey = Annotated[str, Path(min_length=1, max_length=MAX_FACT_KEY_CHARS, json_schema_extra=TEXT)]
 

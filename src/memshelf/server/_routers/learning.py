@@ -6,13 +6,13 @@ from fastapi import APIRouter
 
 from ...errors import ConfigError, ExtractorError, InvalidInput
 from ...learning.base import Extractor, resolve_extractor
-from .._deps import OwnerDep, ShelfDep
+from .._deps import OwnerDep, ShelfDep, WorkerRoute
 from .._errors import ErrorOut
 from .._schemas import LearnIn, PlanOut
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["learning"])
+router = APIRouter(tags=["learning"], route_class=WorkerRoute)
 
 
 @router.post("/v1/users/{user}/learn", responses={

@@ -8,13 +8,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query, Response
 
 from ...model import MAX_FACT_KEY_CHARS, MAX_TOPIC_CHARS
-from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
+from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, WorkerRoute
 from .._schemas import (FILTER, NOT_BLANK, TEXT, BatchIn, EvidenceOut, ExpiryIn, MemoryIn, MemoryOut, Page,
                         erased_response)
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["memories"])
+router = APIRouter(tags=["memories"], route_class=WorkerRoute)
 
 MemoryId = Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]
 TopicFilter = Annotated[str | None, Query(max_length=MAX_TOPIC_CHARS, description="only memories of this topic")]

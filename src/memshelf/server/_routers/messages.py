@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from ...model import MAX_TOPIC_CHARS
-from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep
+from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, WorkerRoute
 from .._schemas import NOT_BLANK, TEXT, ErasedOut, MessageIn, MessageOut, Page, erased_response
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["messages"])
+router = APIRouter(tags=["messages"], route_class=WorkerRoute)
 
 ThreadQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_TOPIC_CHARS, json_schema_extra=TEXT)]
 ThreadPath = Annotated[str, Path(min_length=1, max_length=MAX_TOPIC_CHARS, json_schema_extra=TEXT)]

@@ -11,9 +11,11 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 
+from .._deps import WorkerRoute
+
 __all__ = ["router"]
 
-router = APIRouter()
+router = APIRouter(route_class=WorkerRoute)
 
 _PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
                                             "style-src 'unsafe-inline'; connect-src 'self'",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from .._deps import OwnerDep, ShelfDep
+from .._deps import OwnerDep, ShelfDep, WorkerRoute
 from .._schemas import ContextIn, ContextOut, HitOut, PromptIn, PromptOut, SearchIn, SearchOut
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["retrieval"])
+router = APIRouter(tags=["retrieval"], route_class=WorkerRoute)
 
 
 @router.post("/v1/users/{user}/search")

@@ -13,13 +13,13 @@ from starlette.concurrency import run_in_threadpool
 from ...errors import InvalidInput
 from ...model import MAX_ID_CHARS
 from ...shelf import MAX_USERS_CURSOR_CHARS
-from .._deps import ListLimit, OwnerDep, ShelfDep, TenantDep
+from .._deps import ListLimit, OwnerDep, ShelfDep, TenantDep, WorkerRoute
 from .._middleware import MAX_IMPORT_BYTES
 from .._schemas import FILTER, ErasedOut, ImportOut, Page, UserOut
 
 __all__ = ["parse_json_lines", "router"]
 
-router = APIRouter(tags=["users"])
+router = APIRouter(tags=["users"], route_class=WorkerRoute)
 
 
 UsersCursor = Annotated[str | None, Query(max_length=MAX_USERS_CURSOR_CHARS,
