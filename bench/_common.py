@@ -10,7 +10,10 @@ import json
 import os
 import platform
 import shutil
+import signal
+import socket
 import sqlite3
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -445,3 +448,49 @@ def shelf_target(args: argparse.Namespace, folder: str, stack: ExitStack, filena
 def average(rows: Sequence[Mapping[str, float]], metrics: Sequence[str]) -> dict[str, float]:
     """The mean of each metric over the questions' score rows (NaN when there are none)."""
     return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in metrics}
+
+
+# ---------------------------------------------------------------------------------------------------- servers
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def memshelf_serve(options: Sequence[str], serve_options: Sequence[str] = (),
+                   env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """`memshelf OPTIONS serve --port P SERVE_OPTIONS` as a subprocess on a free loopback port, quiet (no access
+    log), once it answers /health; yields its base URL and stops it with SIGTERM (then SIGKILL) at the end."""
+    port = free_port()
+    command = [sys.executable, "-m", "memshelf", *options, "serve", "--host", "127.0.0.1", "--port", str(port),
+               *serve_options]
+    environment = {**os.environ, "MEMSHELF_LOG_LEVEL": "warning", "MEMSHELF_ACCESS_LOG": "0", **(env or {})}
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"memshelf serve exited with {process.returncode} before answering /health")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"memshelf serve did not answer /health within {seconds:.0f} s")

@@ -19,21 +19,18 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack, contextmanager
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, print_table, save_json  # noqa: E402
+from _common import machine, memshelf_serve, print_table, save_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = """
@@ -48,38 +45,16 @@ with Shelf.open(sys.argv[1], embedder=None) as shelf:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def server(src: Path, workers: int, memories: int) -> Iterator[tuple[str, str]]:
     """A fresh database and `memshelf serve` on it, from the source tree `src`; yields (url, key)."""
     with tempfile.TemporaryDirectory() as folder:
         db = str(Path(folder) / "memory.db")
-        env = {**os.environ, "PYTHONPATH": str(src), "MEMSHELF_ACCESS_LOG": "0", "MEMSHELF_LOG_LEVEL": "warning"}
+        env = {**os.environ, "PYTHONPATH": str(src)}
         key = subprocess.run([sys.executable, "-c", SEED, db, str(memories)], env=env, capture_output=True,
                              text=True, check=True).stdout.strip()
-        port = free_port()
-        process = subprocess.Popen([sys.executable, "-m", "memshelf", "--db", db, "--embedder", "none", "serve",
-                                    "--port", str(port), "--workers", str(workers)], env=env)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline or process.poll() is not None:
-                        raise RuntimeError(f"memshelf serve from {src} did not start") from None
-                    time.sleep(0.1)
+        with memshelf_serve(["--db", db, "--embedder", "none"], ["--workers", str(workers)], env) as url:
             yield url, key
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
 
 def wrk(url: str, seconds: float, connections: int, script: Path | None) -> tuple[float, int]:

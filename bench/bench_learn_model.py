@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port  # noqa: E402
 
 from memshelf.errors import ExtractorError
 from memshelf.learning import OpenAIExtractor, Proposal, Turn
@@ -125,12 +127,6 @@ def tally(score: Score, row: dict, writes: list[Proposal]) -> None:
         score.expected += 1
         score.recalled_strict += any(strict_hit(p, wanted) for p in writes)
         score.recalled_lenient += any(lenient_hit(p, wanted) for p in writes)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager

@@ -21,9 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +38,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TextGenerator, fmt_ms, machine, percentile, print_table, save_json  # noqa: E402
+from _common import (TextGenerator, fmt_ms, free_port, machine, memshelf_serve, percentile, print_table,  # noqa: E402
+                     save_json)
 
 from memshelf import Owner, Shelf  # noqa: E402
 
@@ -71,12 +69,6 @@ def upstream_app() -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def upstream() -> Iterator[str]:
     port = free_port()
@@ -94,25 +86,8 @@ def upstream() -> Iterator[str]:
 
 @contextmanager
 def proxy(db: Path, embedder: str, upstream_url: str) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "MEMSHELF_EMBEDDER": embedder, "MEMSHELF_ACCESS_LOG": "0", "MEMSHELF_LOG_LEVEL": "warning"}
-    process = subprocess.Popen([sys.executable, "-m", "memshelf", "--db", str(db), "serve", "--port", str(port),
-                                "--upstream", upstream_url], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("memshelf serve did not start") from None
-                time.sleep(0.1)
+    with memshelf_serve(["--db", str(db)], ["--upstream", upstream_url], {"MEMSHELF_EMBEDDER": embedder}) as url:
         yield url + "/v1"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def seed(db: Path, embedder: str, memories: int) -> str:

@@ -21,9 +21,6 @@ import argparse
 import asyncio
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +34,8 @@ from collections.abc import Iterator
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TextGenerator, embedded_postgres_url, fmt_ms, machine, percentile, print_table, save_json  # noqa: E402
+from _common import (TextGenerator, embedded_postgres_url, fmt_ms, machine, memshelf_serve, percentile,  # noqa: E402
+                     print_table, save_json)
 
 from memshelf import Shelf  # noqa: E402
 
@@ -60,45 +58,11 @@ class Tally:
 
 # ---------------------------------------------------------------------------------------------- the server
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
-def memshelf_serve(db: str, workers: int) -> Iterator[str]:
-    """`memshelf serve` as a subprocess on a free loopback port; stopped with SIGTERM (then SIGKILL) at the end."""
-    port = free_port()
-    command = [sys.executable, "-m", "memshelf.cli", "--db", db, "--embedder", "none", "serve",
-               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-    env = {**os.environ, "MEMSHELF_LOG_LEVEL": "warning", "MEMSHELF_ACCESS_LOG": "0"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, process)
+def memshelf_serve_on(db: str, workers: int) -> Iterator[str]:
+    """`memshelf serve` on the file with W workers, keyword search only."""
+    with memshelf_serve(["--db", db, "--embedder", "none"], ["--workers", str(workers)]) as url:
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"memshelf serve exited with {process.returncode} before answering /health")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"memshelf serve did not answer /health within {seconds:.0f} s")
 
 
 # ---------------------------------------------------------------------------------------------- the clients
@@ -229,7 +193,7 @@ def main() -> None:
         with Shelf.open(db, embedder=None) as shelf:  # also creates the schema before the workers start
             secret = shelf.create_key(TENANT, "bench")[1]
         backend = "postgresql" if "://" in db else "sqlite"
-        url = stack.enter_context(memshelf_serve(db, args.workers))
+        url = stack.enter_context(memshelf_serve_on(db, args.workers))
         tally, elapsed, lost = asyncio.run(load(url, secret, args.clients, args.seconds, args.write_ratio,
                                                 args.preload))
     label = f"{backend}, {args.workers} workers, {args.clients} clients"
