@@ -12,8 +12,12 @@ one round overlaps the next round's request on this 2-core machine.
 Two servers are measured: `--embedder none` (keyword search: the proxy's own cost, no question embedding) and
 `--embedder local` (the offline MiniLM model: the question's embedding included).
 
+--src PATH serves another source tree (e.g. a worktree of an older commit) as a second proxy, so two versions
+are measured in one run: the rounds take the proxies in turn, each round pairing one proxy with a direct call.
+
     HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_proxy.py                     # 300 rounds, both embedders
     HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_proxy.py --rounds 100 --embedders none --json out.json
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_proxy.py --embedders none --src ../before/src --src src
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +89,13 @@ def upstream() -> Iterator[str]:
         thread.join(timeout=10)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 @contextmanager
-def proxy(db: Path, embedder: str, upstream_url: str) -> Iterator[str]:
-    with memshelf_serve(["--db", str(db)], ["--upstream", upstream_url], {"MEMSHELF_EMBEDDER": embedder}) as url:
+def proxy(db: Path, embedder: str, upstream_url: str, src: Path) -> Iterator[str]:
+    env = {"MEMSHELF_EMBEDDER": embedder, "PYTHONPATH": str(src)}
+    with memshelf_serve(["--db", str(db)], ["--upstream", upstream_url], env) as url:
         yield url + "/v1"
 
 
@@ -123,33 +132,39 @@ def first_byte(client: httpx.Client, url: str, body: dict[str, Any], headers: di
     return elapsed
 
 
-def measure(embedder: str, rounds: int, memories: int, gap: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as folder, upstream() as direct:
+def measure(embedder: str, rounds: int, memories: int, gap: float, sources: list[Path]) -> dict[str, Any]:
+    """{source tree: {measure: numbers}}: every proxy against the same direct calls, round by round."""
+    with tempfile.TemporaryDirectory() as folder, upstream() as direct, ExitStack() as stack:
         db = Path(folder) / "memory.db"
         secret = seed(db, embedder, memories)
-        with proxy(db, embedder, direct) as through, httpx.Client(timeout=60) as client:
-            body = {"model": "tiny", "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                                  {"role": "user", "content": QUESTION}]}
-            mine = {"Authorization": f"Bearer {secret}", "X-Memshelf-User": OWNER.user,
-                    "X-Memshelf-Thread": "bench"}
-            streamed = {**body, "stream": True}
-            for _ in range(10):  # warm both paths (and load the model, for local)
-                timed(client, through, body, mine)
-                timed(client, direct, body, {})
-            results: dict[str, Any] = {}
-            for name, call, payload in (("request", timed, body), ("first byte", first_byte, streamed)):
-                plain, proxied = [], []
-                for n in range(rounds):
-                    order = [(plain, direct, {}), (proxied, through, mine)]
-                    for samples, url, headers in (order if n % 2 == 0 else order[::-1]):
-                        samples.append(call(client, url, payload, headers))
-                    time.sleep(gap)
-                added = sorted(p - d for p, d in zip(proxied, plain))
-                results[name] = {"direct_p50_ms": percentile(plain, 50) * 1000,
-                                 "proxy_p50_ms": percentile(proxied, 50) * 1000,
-                                 "added_p50_ms": percentile(added, 50) * 1000,
-                                 "added_p90_ms": percentile(added, 90) * 1000}
-            return results
+        proxies = [stack.enter_context(proxy(db, embedder, direct, src)) for src in sources]
+        client = stack.enter_context(httpx.Client(timeout=60))
+        body = {"model": "tiny", "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                              {"role": "user", "content": QUESTION}]}
+        mine = {"Authorization": f"Bearer {secret}", "X-Memshelf-User": OWNER.user, "X-Memshelf-Thread": "bench"}
+        streamed = {**body, "stream": True}
+        for _ in range(10):  # warm every path (and load the model, for local)
+            for url, headers in ((direct, {}), *((through, mine) for through in proxies)):
+                timed(client, url, body, headers)
+        results: dict[str, Any] = {str(src): {} for src in sources}
+        for name, call, payload in (("request", timed, body), ("first byte", first_byte, streamed)):
+            # One proxy per round, in turn, each paired with its own direct call: a proxy's logging and learning
+            # after its answer must not overlap the next proxy's request.
+            plain: list[list[float]] = [[] for _ in sources]
+            proxied: list[list[float]] = [[] for _ in sources]
+            for n in range(rounds * len(sources)):
+                index = n % len(sources)
+                order = [(plain[index], direct, {}), (proxied[index], proxies[index], mine)]
+                for samples, url, headers in (order if n // len(sources) % 2 == 0 else order[::-1]):
+                    samples.append(call(client, url, payload, headers))
+                time.sleep(gap)
+            for src, mine_plain, mine_proxied in zip(sources, plain, proxied):
+                added = sorted(p - d for p, d in zip(mine_proxied, mine_plain))
+                results[str(src)][name] = {"direct_p50_ms": percentile(mine_plain, 50) * 1000,
+                                           "proxy_p50_ms": percentile(mine_proxied, 50) * 1000,
+                                           "added_p50_ms": percentile(added, 50) * 1000,
+                                           "added_p90_ms": percentile(added, 90) * 1000}
+        return results
 
 
 def main() -> None:
@@ -158,20 +173,24 @@ def main() -> None:
     parser.add_argument("--memories", type=int, default=2000, help="memories of the user the proxy searches")
     parser.add_argument("--embedders", default="none,local", help="comma-separated: none, local")
     parser.add_argument("--gap", type=float, default=0.1, help="seconds between rounds (0: back to back)")
+    parser.add_argument("--src", action="append", type=Path, help="source tree to serve (repeatable; default src)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    sources = [src.resolve() for src in (args.src or [ROOT / "src"])]
     report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "memories": args.memories,
                               "gap_s": args.gap, "runs": {}}
     rows = []
     for embedder in args.embedders.split(","):
-        found = measure(embedder, args.rounds, args.memories, args.gap)
+        found = measure(embedder, args.rounds, args.memories, args.gap, sources)
         report["runs"][embedder] = found
-        for name, numbers in found.items():
-            rows.append([embedder, name, fmt_ms(numbers["direct_p50_ms"]), fmt_ms(numbers["proxy_p50_ms"]),
-                         fmt_ms(numbers["added_p50_ms"]), fmt_ms(numbers["added_p90_ms"])])
+        for src, measures in found.items():
+            for name, numbers in measures.items():
+                rows.append([embedder, os.path.relpath(src), name, fmt_ms(numbers["direct_p50_ms"]),
+                             fmt_ms(numbers["proxy_p50_ms"]), fmt_ms(numbers["added_p50_ms"]),
+                             fmt_ms(numbers["added_p90_ms"])])
     print_table(f"memory proxy vs the upstream directly ({args.rounds} paired rounds {args.gap} s apart, "
                 f"{args.memories} memories)",
-                ["embedder", "measure", "direct p50", "proxy p50", "added p50", "added p90"], rows)
+                ["embedder", "source", "measure", "direct p50", "proxy p50", "added p50", "added p90"], rows)
     save_json(args.json, report)
 
 

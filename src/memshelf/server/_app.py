@@ -73,10 +73,10 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
     app.state.shelf = opened
     app.openapi = _openapi_naming_sources(app, list(opened.sources))  # type: ignore[method-assign]
     install_error_handlers(app, lambda scope: _methods_at(app, scope))
+    if proxied is not None:  # first: a chat request then skips matching every other route (0.1 ms)
+        app.include_router(proxy_router(proxied, opened))
     for router in ROUTERS:
         app.include_router(router)
-    if proxied is not None:
-        app.include_router(proxy_router(proxied, opened))
     if mcp_endpoint is not None:
         app.router.routes.append(Route("/mcp", mcp_endpoint, include_in_schema=False))  # an ASGI app: any method
     app.add_middleware(BodyLimit, limit_for=body_limit_for)

@@ -23,8 +23,8 @@ from ._schemas import IDENTIFIER
 
 __all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "TenantDep", "UserPath",
            "WorkerRoute",
-           "admin_key", "caller_key", "key_tenant", "offset_cursor", "page_of", "read_offset_cursor", "shelf_of",
-           "user_owner"]
+           "admin_key", "caller_key", "checked_key", "key_tenant", "offset_cursor", "page_of", "read_offset_cursor",
+           "shelf_of", "tenant_of", "user_owner"]
 
 MAX_LIST_LIMIT = 1_000
 
@@ -99,6 +99,11 @@ async def shelf_of(request: Request) -> Shelf:
 async def caller_key(request: Request, _bearer_doc: Any = Security(_bearer),
                _header_doc: Any = Security(_api_key_header)) -> ApiKey:
     """The key ApiKeyAuth checked (the Security parameters only document the two headers in OpenAPI)."""
+    return checked_key(request)
+
+
+def checked_key(request: Request) -> ApiKey:
+    """The key ApiKeyAuth checked and put in the request's state."""
     key = getattr(request.state, "memshelf_key", None)
     if key is None:
         raise ApiError(401, "unauthorized", f"missing API key: {KEY_HINT}")
@@ -107,6 +112,10 @@ async def caller_key(request: Request, _bearer_doc: Any = Security(_bearer),
 
 async def key_tenant(key: ApiKey = Depends(caller_key)) -> str:
     """The tenant of a route that reads a tenant's data: always the key's; an admin key has none."""
+    return tenant_of(key)
+
+
+def tenant_of(key: ApiKey) -> str:
     if key.tenant is None:
         raise ApiError(403, "forbidden", "admin keys only manage keys and tenants (/v1/admin): use a key bound "
                                          "to a tenant for user data")
