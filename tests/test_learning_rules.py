@@ -163,6 +163,10 @@ FOUND = [
     ("My labrador Max is the best.", ("dog_name", "Max")),
     ("my old golden retriever Sunny loves the beach", ("dog_name", "Sunny")),
     ("I have a beagle named Biscuit.", ("pets", "The user has a beagle named Biscuit.")),
+    ("Hi, I'm Kaleb.", ("user_name", "Kaleb")),  # introductions: the greeting is dropped, the name kept
+    ("Hello! I am Kaleb Okafor.", ("user_name", "Kaleb Okafor")),
+    ("Hello, I'm Ian, a nurse.", ("user_name", "Ian")),
+    ("I'm Brian from accounting.", ("user_name", "Brian")),
 ]
 NOTHING = [
     "I always take the bus if it rains.",
@@ -183,6 +187,11 @@ NOTHING = [
     "So I joined in.",
     "I joined the classes to find like-minded people.",
     "Join the support group I am a part of and be advocates for the cause.",  # "for" is no job ending in -or
+    "I'm Italian.",  # nationalities, faiths and title-case sentences are no introductions
+    "Hi, I'm Catholic.",
+    "I'm So Tired.",
+    "I'm Kaleb's mother.",
+    "i'm kaleb",  # a name is written capitalised
 ]
 
 

@@ -19,6 +19,7 @@ from .base import Extractor, ExtractorProvider, Known, Proposal, Turn
 I_AM = r"\bi(?:'m|’m| am)"
 I_HAVE = r"\bi(?:'ve|’ve| have)"
 PROPER = r"(?P<v>[a-z][\w'’.-]*(?: [a-z][\w'’.-]*){0,4})"
+NAME = r"(?P<v>(?-i:[A-Z])[\w'’-]*(?: (?-i:[A-Z])[\w'’-]*){0,3})"  # capitalised words only, in any case mode
 INITIAL_DOT = r"(?<=\b(?-i:[A-Z]))\.(?= )"  # the period of an initial ("Ursula K. Le Guin") does not end a value
 TEXT = r"(?P<v>(?:[^,.;!?]|" + INITIAL_DOT + r"){2,80})"
 EMAIL = r"(?P<v>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
@@ -71,6 +72,12 @@ RULES: tuple[Rule, ...] = (
          r"\bmy (?:full |first |real )?name(?: is|'s|’s) " + PROPER, value="proper", key="user_name"),
     Rule("name_called", ("called", "named"),
          I_AM + r" (?:called|named) " + PROPER, value="proper", key="user_name"),
+    # an introduction: the sentence is "I'm Kaleb" (after "Hi, " or "Hello! ", which sentences() drops), a name
+    # capitalised as names are, and not a nationality, faith or language ("I'm Italian.")
+    Rule("introduction", ("i'm", "i am", "i’m"),
+         r"^(?:(?:hello|hi|hey|hiya|howdy|greetings|good (?:morning|afternoon|evening))(?: there| all| everyone)?"
+         r"[,!]?\s+|(?:there|all|everyone),?\s+)?" + I_AM + r" " + NAME
+         + r"(?=(?:,? here)?\s*(?:$|[,.!;])|\s+(?:and|from)\b)", value="name", key="user_name"),
     Rule("call_me", ("call me", "go by", "called", "nickname", "calls me"),
          r"\b(?:call me|i go by|i prefer to be called|my nickname is|everyone calls me) " + PROPER,
          value="proper", key="preferred_name"),
@@ -254,6 +261,22 @@ def _words_capitalised(value: str) -> str:
     return " ".join(kept).rstrip(".'’-")
 
 
+_NOT_A_NAME = frozenset(
+    ("american canadian mexican brazilian argentinian chilean colombian peruvian cuban british scottish welsh irish "
+     "australian indian pakistani nigerian kenyan ghanaian egyptian moroccan israeli iranian iraqi syrian lebanese "
+     "filipino asian african european latino latina hispanic black white native catholic christian protestant "
+     "muslim jewish buddhist hindu sikh atheist agnostic mormon orthodox ok okay sorry fine good back here done "
+     "ready sure new so very really just not also still always never too quite the a an").split()) \
+    | frozenset(LANGUAGE.split("|"))
+
+
+def _name(value: str) -> str:
+    """A person's name: capitalised words, none of which is a nationality, faith, language, or a word of an
+    ordinary sentence written in title case ("I'm So Tired")."""
+    name = _words_capitalised(value)
+    return "" if any(word.casefold() in _NOT_A_NAME for word in name.split()) else name
+
+
 def _place(value: str) -> str:
     name = _words_capitalised(value)
     return "" if name in {"I", "The", "A", "My"} else name
@@ -306,6 +329,7 @@ def _request(value: str) -> str:
 
 CLEANERS: dict[str, Callable[[str], str]] = {
     "proper": _words_capitalised,
+    "name": _name,
     "place": _place,
     "employer": _employer,
     "proper_any": lambda value: value.title(),
