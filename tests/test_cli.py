@@ -150,7 +150,8 @@ def test_demo_ends_with_learning_a_conversation_and_a_move(tmp_path):
     scene = ok(tmp_path, "demo").stdout.split("$ log a conversation", 1)[1]
     first, rest = scene.split("$ one more turn", 1)
     second, known = rest.split("$ the facts now", 1)
-    assert rows_of(first) == [["set_fact", "mined", "home_city = Porto"],
+    assert rows_of(first) == [["skip", "mined", "user_name = Kaleb"],  # the introduction: already known
+                              ["set_fact", "mined", "home_city = Porto"],
                               ["remember", "mined", "health: The user is allergic to peanuts."]]
     assert rows_of(second) == [["set_fact", "mined", "home_city = Lisbon"]]
     assert "fact   home_city = Lisbon (mined)" in known and "fact   user_name = Kaleb (stated)" in known
@@ -200,9 +201,9 @@ def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path,
     said.append(cli("log", "t1", "assistant", "Noted: you live in Madrid.").stdout.strip())  # says nothing of the user
 
     preview = cli("learn", "--thread", "t1", "--dry-run").stdout
-    assert rows_of(preview) == [["set_fact", "mined", "home_city = Porto"],
+    assert rows_of(preview) == [["set_fact", "mined", "user_name = Kaleb"], ["set_fact", "mined", "home_city = Porto"],
                                 ["remember", "mined", "health: The user is allergic to peanuts."]]
-    assert "would apply 2, skipped 0, no watermark" in preview and "nothing written" in preview
+    assert "would apply 3, skipped 0, no watermark" in preview and "nothing written" in preview
     assert json.loads(cli("--json", "facts").stdout) == []
     assert "no matches" in run(tmp_path, "--db", target, "search", "peanuts").stderr
 
@@ -210,10 +211,11 @@ def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path,
     assert plan["thread"] == "t1" and plan["extractor"] == "rules" and plan["dry_run"] is False
     assert plan["messages"] == said and plan["watermark"] == said[-1]
     assert [(p["op"], p["key"], p["value"], p["source"], p["evidence"]) for p in plan["proposals"]] == [
-        ("set_fact", "home_city", "Porto", "mined", [said[1]]), ("remember", None, None, "mined", [said[2]])]
-    memory_id = plan["proposals"][1]["record"]
-    assert [(f["key"], f["value"], f["source"]) for f in json.loads(cli("--json", "facts").stdout)] == [
-        ("home_city", "Porto", "mined")]
+        ("set_fact", "user_name", "Kaleb", "mined", [said[0]]), ("set_fact", "home_city", "Porto", "mined", [said[1]]),
+        ("remember", None, None, "mined", [said[2]])]
+    memory_id = plan["proposals"][2]["record"]
+    assert sorted((f["key"], f["value"], f["source"]) for f in json.loads(cli("--json", "facts").stdout)) == [
+        ("home_city", "Porto", "mined"), ("user_name", "Kaleb", "mined")]
     hits = json.loads(cli("--json", "search", "peanuts").stdout)["hits"]
     assert [(h["memory"]["id"], h["memory"]["content"]) for h in hits] == [
         (memory_id, "The user is allergic to peanuts.")]
@@ -227,10 +229,10 @@ def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path,
     history = json.loads(cli("--json", "facts", "--history", "home_city").stdout)
     assert [h["value"] for h in history] == ["Porto", "Lisbon"]
 
-    cli("set-fact", "user_name", "Kaleb")  # written by the caller: no thread's to erase
+    cli("set-fact", "favorite_color", "green")  # written by the caller: no thread's to erase
     erased = json.loads(cli("--json", "forget-thread", "t1", "--cascade").stdout)
-    assert erased == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 5, "scrub_pending": False}
-    assert [f["key"] for f in json.loads(cli("--json", "facts").stdout)] == ["user_name"]
+    assert erased == {"memories": 1, "facts": 2, "fact_changes": 3, "messages": 5, "scrub_pending": False}
+    assert [f["key"] for f in json.loads(cli("--json", "facts").stdout)] == ["favorite_color"]
     assert json.loads(cli("--json", "search", "peanuts").stdout)["hits"] == []
 
 

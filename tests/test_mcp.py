@@ -27,8 +27,8 @@ from memshelf import Shelf
 from memshelf.mcp import MAX_LEARN_TURNS, MAX_PAGE, MAX_RECALL, MAX_SHOWN_CHARS
 from memshelf.server import create_app
 
-TOOLS = {"remember", "recall", "context", "memories", "forget", "set_fact", "facts", "forget_fact", "log_message",
-         "messages", "learn"}
+TOOLS = {"remember", "recall", "context", "memories", "forget", "confirm", "set_expiry", "set_fact", "facts",
+         "forget_fact", "log_message", "messages", "forget_message", "learn"}
 Session = Callable[[], Any]
 
 
@@ -182,6 +182,30 @@ async def check_managing_what_it_knows(session: ClientSession) -> None:
     assert [(p["op"], p["key"], p["value"]) for p in plan["proposals"]] == [("set_fact", "home_city", "Porto")]
     assert {f["key"]: f["value"] for f in (await call(session, "facts"))["facts"]} == {"home_city": "Porto",
                                                                                        "user_name": "Kaleb"}
+    garage = (await call(session, "messages", thread="garage"))["messages"][0]["id"]
+    assert await call(session, "forget_message", message_id=garage) == {"forgotten": garage, "scrub_pending": False}
+    assert [m["thread"] for m in (await call(session, "messages"))["messages"]] == ["kitchen", "kitchen"]
+    assert "call messages for the ids" in await call_error(session, "forget_message", message_id=garage)
+    assert "call messages for the ids" in await call_error(session, "forget_message", message_id="m_1")
+
+
+async def check_confirming_and_expiring(session: ClientSession) -> None:
+    """A guess the user vouches for becomes stated; a memory's expiry is set and cleared by the model."""
+    guess = await call(session, "remember", topic="car", content="The car is due a service in May.",
+                       source="inferred")
+    assert guess["confidence"] < 1.0
+    confirmed = await call(session, "confirm", memory_id=guess["id"])
+    assert (confirmed["id"], confirmed["source"], confirmed["confidence"]) == (guess["id"], "stated", 1.0)
+    hits = (await call(session, "recall", question="car service"))["hits"]
+    assert [(h["id"], h["source"]) for h in hits] == [(guess["id"], "stated")]
+
+    expiring = await call(session, "set_expiry", memory_id=guess["id"], ttl_seconds=3600)
+    assert expiring["expires_at"] is not None and expiring["expires_at"] > expiring["created_at"]
+    kept = await call(session, "set_expiry", memory_id=guess["id"])
+    assert kept["expires_at"] is None
+    for verb in ("confirm", "set_expiry"):
+        assert "call memories (or recall) for the ids" in await call_error(session, verb, memory_id="m_nowhere")
+    assert "ttl_seconds" in await call_error(session, "set_expiry", memory_id=guess["id"], ttl_seconds=-1)
 
 
 HELLO = [{"role": "user", "content": "Hi, I'm Kaleb."}, {"role": "user", "content": "I live in Porto."},
@@ -191,20 +215,21 @@ HELLO = [{"role": "user", "content": "Hi, I'm Kaleb."}, {"role": "user", "conten
 
 async def check_learn(session: ClientSession) -> None:
     preview = await call(session, "learn", messages=HELLO, dry_run=True)
-    assert preview["dry_run"] is True and (preview["applied"], preview["skipped"]) == (2, 0)
+    assert preview["dry_run"] is True and (preview["applied"], preview["skipped"]) == (2, 1)
     assert [(p["op"], p["key"], p["value"], p["topic"], p["content"], p["source"]) for p in preview["proposals"]] == [
+        ("skip", "user_name", "Kaleb", None, None, "mined"),  # the introduction names whom the memory knows
         ("set_fact", "home_city", "Porto", None, None, "mined"),
         ("remember", None, None, "health", "The user is allergic to peanuts.", "mined")]
     before = (await call(session, "facts"))["facts"]
     assert "home_city" not in {f["key"] for f in before}
 
     applied = await call(session, "learn", messages=HELLO)
-    assert applied["applied"] == 2 and applied["proposals"][1]["record"].startswith("m_")
+    assert applied["applied"] == 2 and applied["proposals"][2]["record"].startswith("m_")
     after = (await call(session, "facts"))["facts"]
     assert [(f["key"], f["value"], f["source"]) for f in after] == [("home_city", "Porto", "mined")] + [
         (f["key"], f["value"], f["source"]) for f in before]
     hits = (await call(session, "recall", question="peanuts"))["hits"]
-    assert [h["id"] for h in hits] == [applied["proposals"][1]["record"]]
+    assert [h["id"] for h in hits] == [applied["proposals"][2]["record"]]
     again = await call(session, "learn", messages=HELLO)
     assert again["applied"] == 0 and {p["op"] for p in again["proposals"]} == {"skip"}
 
@@ -274,6 +299,7 @@ def test_stdio_without_an_owner_says_what_to_pass(db: Path) -> None:
 @pytest.mark.slow
 def test_stdio_manages_what_it_knows(target: str) -> None:
     run(check_managing_what_it_knows, lambda: stdio_session(target, "acme", "nora"))
+    run(check_confirming_and_expiring, lambda: stdio_session(target, "acme", "nora"))
 
 
 # ---------------------------------------------------------------------------------------------- streamable HTTP
@@ -306,6 +332,7 @@ def test_http_manages_what_it_knows(target: str) -> None:
         secret = shelf.create_key("acme")[1]
     with LiveServer(create_app(target=target, embedder=None)) as live:
         run(check_managing_what_it_knows, lambda: http_session(live.url, secret, "nora"))
+        run(check_confirming_and_expiring, lambda: http_session(live.url, secret, "nora"))
 
 
 def test_http_learns_a_thread_logged_through_the_rest_api(http: tuple[str, dict[str, str]]) -> None:

@@ -350,6 +350,7 @@ def test_learn_a_thread_previews_applies_and_adds_nothing_twice(served: httpx.Cl
     assert preview["dry_run"] is True and preview["thread"] == "t1" and preview["extractor"] == "rules"
     assert [(p["op"], p["source"], p["key"], p["value"], p["topic"], p["content"], p["evidence"], p["record"])
             for p in preview["proposals"]] == [
+        ("set_fact", "mined", "user_name", "Kaleb", None, None, [said[0]], None),
         ("set_fact", "mined", "home_city", "Porto", None, None, [said[1]], None),
         ("remember", "mined", None, None, "health", "The user is allergic to peanuts.", [said[2]], None)]
     assert all(p["reason"] and p["at"] for p in preview["proposals"])
@@ -359,10 +360,11 @@ def test_learn_a_thread_previews_applies_and_adds_nothing_twice(served: httpx.Cl
     assert served.get("/v1/users/kaleb/memories").json()["items"] == []
 
     applied = learn(served, "kaleb", thread="t1")
-    memory_id = applied["proposals"][1]["record"]
-    assert [p["op"] for p in applied["proposals"]] == ["set_fact", "remember"] and memory_id.startswith("m_")
-    assert [(f["key"], f["value"], f["source"]) for f in served.get("/v1/users/kaleb/facts").json()["items"]] == [
-        ("home_city", "Porto", "mined")]
+    memory_id = applied["proposals"][2]["record"]
+    assert [p["op"] for p in applied["proposals"]] == ["set_fact", "set_fact", "remember"]
+    assert memory_id.startswith("m_")
+    assert sorted((f["key"], f["value"], f["source"]) for f in served.get("/v1/users/kaleb/facts").json()["items"]) \
+        == [("home_city", "Porto", "mined"), ("user_name", "Kaleb", "mined")]
     hits = served.post("/v1/users/kaleb/search", json={"question": "peanuts"}).json()["hits"]
     assert [(h["memory"]["id"], h["memory"]["confidence"]) for h in hits] == [(memory_id, 0.6)]
 

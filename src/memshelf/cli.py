@@ -79,6 +79,7 @@ def dim(text: str) -> Text:
 
 ADVICE = {
     "memory_id": "list ids with `memshelf list` (or `memshelf search QUESTION --explain`)",
+    "message_id": "list them with `memshelf messages`",
     "fact_key": "list them with `memshelf facts`",
     "key_id": "list them with `memshelf keys list`",
     "source": "declare it and its worth (above 0, at most 1) with --sources {subject}=0.8 or MEMSHELF_SOURCES",

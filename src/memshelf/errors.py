@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Self
 
-FIXES = ("memory_id", "fact_key", "key_id", "source", "embedder", "backfill")
-"""What an error's `fix` may name: the id to check (a memory's, a fact's key, an API key's), the source to declare,
-the embedder to configure, the backfill to run."""
+FIXES = ("memory_id", "message_id", "fact_key", "key_id", "source", "embedder", "backfill")
+"""What an error's `fix` may name: the id to check (a memory's, a message's, a fact's key, an API key's), the
+source to declare, the embedder to configure, the backfill to run."""
 
 
 class MemshelfError(Exception):

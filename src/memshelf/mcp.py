@@ -56,7 +56,9 @@ that may depend on what you learned earlier; call `remember` when the user tells
 (one short statement per call, with a topic); use `set_fact` for keyed state such as the user's name, which has
 one current value. Facts are listed by `facts`, memories page by page (newest first, with ids) by `memories`.
 `forget` erases a memory by its id and `forget_fact` a fact by its key: do it when the user says something is
-wrong or asks you to forget it. `log_message` keeps a conversation turn in a thread and `messages` reads them back.
+wrong or asks you to forget it. When the user says a memory is right, `confirm` it; `set_expiry` changes when one is
+forgotten. `log_message` keeps a conversation turn in a thread, `messages` reads them back and `forget_message`
+erases one.
 `learn` reads conversation turns (or a logged thread) and stores the facts and memories the user stated in them;
 with dry_run it only says what it would store."""
 
@@ -229,6 +231,8 @@ FactKey = Annotated[str, Field(min_length=1, max_length=MAX_FACT_KEY_CHARS,
                                description="the name of the state, e.g. 'user_name'")]
 Thread = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS,
                               description="the conversation's name, e.g. 'kitchen' or a chat id")]
+MemoryId = Annotated[str, Field(min_length=1, max_length=200,
+                                description="the id that remember, recall or memories returned")]
 PageSize = Annotated[int, Field(ge=1, le=MAX_PAGE, description="most items on this page")]
 Cursor = Annotated[str | None, Field(min_length=1, max_length=200, description=(
     "the next_cursor of the previous page, unchanged; omit it for the first page"))]
@@ -313,13 +317,26 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         return MemoriesResult(memories=[MemoryItem(**memory_item(m)) for m in page], next_cursor=next_cursor)
 
     @tool
-    def forget(memory_id: Annotated[str, Field(min_length=1, max_length=200,
-                                               description="the id that remember, recall or memories returned")],
-               ctx: Context) -> Forgotten:
+    def forget(memory_id: MemoryId, ctx: Context) -> Forgotten:
         """Erase one memory for good (its text, index entries and vector): when it is wrong or outdated, or the
         user asks you to forget it."""
         erased = _call(lambda: shelf.forget(owner(ctx), memory_id))
         return Forgotten(forgotten=memory_id, scrub_pending=erased.scrub_pending)
+
+    @tool
+    def confirm(memory_id: MemoryId, ctx: Context) -> MemoryItem:
+        """The user says a memory is right: one that was mined or guessed becomes stated, with stated's confidence,
+        so it outranks guesses. Call it only on the user's word, never on your own."""
+        return MemoryItem(**memory_item(_call(lambda: shelf.confirm(owner(ctx), memory_id))))
+
+    @tool
+    def set_expiry(memory_id: MemoryId, ctx: Context,
+                   ttl_seconds: Annotated[float | None, Field(gt=0, description=(
+                       "forget it this many seconds from now; omit it to keep the memory for good"))] = None
+                   ) -> MemoryItem:
+        """Change when a memory is forgotten: in ttl_seconds, or never when it is omitted (e.g. the user says a
+        temporary arrangement is now permanent, or that something only holds for a while)."""
+        return MemoryItem(**memory_item(_call(lambda: shelf.set_expiry(owner(ctx), memory_id, ttl=ttl_seconds))))
 
     @tool
     def set_fact(key: FactKey, value: Annotated[str, Field(min_length=1, max_length=MAX_FACT_VALUE_CHARS)],
@@ -350,6 +367,14 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
         return message_item(_call(lambda: shelf.log_message(owner(ctx), thread, role, content)))
 
     @tool
+    def forget_message(message_id: Annotated[str, Field(min_length=1, max_length=200, description=(
+                           "the id that log_message or messages returned"))], ctx: Context) -> Forgotten:
+        """Erase one logged conversation turn for good, when the user asks; what was already learned from it
+        stays (forget those memories or facts too if the user wants them gone)."""
+        erased = _call(lambda: shelf.forget_message(owner(ctx), message_id))
+        return Forgotten(forgotten=message_id, scrub_pending=erased.scrub_pending)
+
+    @tool
     def messages(ctx: Context, thread: Annotated[Thread | None, Field(description=(
                      "one thread's turns; omit it for every thread's, each naming its thread"))] = None,
                  limit: PageSize = 20, cursor: Cursor = None) -> MessagesResult:
@@ -378,6 +403,7 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
 
 ADVICE = {
     "memory_id": "call memories (or recall) for the ids",
+    "message_id": "call messages for the ids",
     "fact_key": "call facts for the keys",
     "source": "use a declared source; a new one is declared where the memshelf MCP server is started, e.g. "
               "MEMSHELF_SOURCES={subject}=0.8",

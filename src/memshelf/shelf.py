@@ -695,12 +695,12 @@ class Shelf:
         id, or one already gone, is NotFound."""
         owner = _check_owner(owner)
         if not isinstance(message_id, str) or not is_id("msg", message_id):
-            raise InvalidInput(f"message id must look like 'msg_3f9c0a1b2d4e5f60', got {message_id!r}: "
-                               "list_messages() returns them")
+            raise InvalidInput(f"message id must look like 'msg_3f9c0a1b2d4e5f60', got {message_id!r}",
+                               "list_messages() returns them", fix="message_id")
         erased = self.store.delete_message(owner, message_id)
         if not erased.messages:
             raise NotFound(f"no message {message_id!r} for {owner}", "check the id: list_messages() returns them",
-                           after="; nothing was deleted")
+                           fix="message_id", after="; nothing was deleted")
         return erased
 
     def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:

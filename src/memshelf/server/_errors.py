@@ -36,6 +36,7 @@ log = logging.getLogger("memshelf.server")
 
 ADVICE = {
     "memory_id": "list the user's memory ids with GET /v1/users/{user}/memories",
+    "message_id": "list the user's messages with GET /v1/users/{user}/messages",
     "fact_key": "list the user's facts with GET /v1/users/{user}/facts",
     "key_id": "list the keys with GET /v1/admin/keys",
     "source": "use a declared source; a new one is declared where the server is started, e.g. "
