@@ -410,3 +410,50 @@ def test_a_file_from_before_confirmations_gains_them_in_place(tmp_path):
         assert "m011_confirmed" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
         assert shelf.get(owner, guess.id) == guess
         assert shelf.confirm(owner, guess.id).confirmed_from == "inferred"
+
+
+def _counted(db: Path, owner: Owner) -> tuple[int, int]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT memories, appended FROM owner_generation WHERE tenant = ? AND user_id = ?",
+                            (owner.tenant, owner.user)).fetchone()
+
+
+def test_a_batch_counts_indexes_and_returns_each_row_as_a_read_would(tmp_path):
+    """remember_many writes a batch's rows, then their index entries, then counts them once (stores/sqlite.py,
+    add_memories): a repeat inside the batch or of a stored row is an observation, each new row is indexed once,
+    and what it returns is what reading the rows back gives."""
+    db = tmp_path / "memory.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        old = shelf.remember(KALEB, "chat", "The boiler is in the attic.")
+        texts = ["The printer is old.", "The router is new.", "The printer is old.", "The kettle is blue.",
+                 "The boiler is in the attic."]
+        stored = shelf.remember_many(KALEB, [{"topic": "chat", "content": text} for text in texts])
+        assert stored[0].id == stored[2].id and stored[4].id == old.id
+        assert [m.observations for m in stored] == [1, 1, 2, 1, 2]
+        for memory in stored[1:]:
+            assert shelf.get(KALEB, memory.id) == memory
+        assert _counted(db, KALEB) == (4, 4)
+        assert_index_consistent(db)
+        assert [h.memory.id for h in shelf.search(KALEB, "printer", mode="keyword")] == [stored[0].id]
+        shelf.remember_many(MAYA, [{"topic": "chat", "content": f"Maya said {i}."} for i in range(3)])
+        assert _counted(db, MAYA) == (3, 3) and _counted(db, KALEB) == (4, 4)
+
+
+def test_a_file_that_counted_rows_with_a_trigger_counts_them_once_after_upgrading(tmp_path):
+    """m012 drops the trigger that counted each new row: the store counts a batch itself, and a row counted twice
+    would make the vector cache miss rows and the keyword search pick the wrong plan."""
+    db = tmp_path / "memory.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        shelf.remember(KALEB, "chat", "The printer is old.")
+    trigger = next(script for name, script in MIGRATIONS if name == "m001_initial").split(
+        "CREATE TRIGGER memories_gen_insert", 1)[1].split("END;", 1)[0]
+    with sqlite3.connect(db) as conn:  # the previous version's file: the trigger, and no record of m012
+        conn.execute(f"CREATE TRIGGER memories_gen_insert{trigger}END;")
+        conn.execute("DELETE FROM memshelf_migrations WHERE name = 'm012_count_inserts_per_batch'")
+    with Shelf.open(db, embedder=None) as shelf:
+        shelf.remember_many(KALEB, [{"topic": "chat", "content": f"Line {i}."} for i in range(3)])
+        shelf.import_(MAYA, (json.loads(line) for line in _export_lines(shelf, KALEB)))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'memories_gen_insert'").fetchone() == (0,)
+    assert _counted(db, KALEB) == (4, 4) and _counted(db, MAYA) == (4, 4)
+    assert_index_consistent(db)

@@ -255,4 +255,10 @@ SELECT 1;
 ALTER TABLE memories ADD COLUMN confirmed_at TEXT;
 ALTER TABLE memories ADD COLUMN confirmed_from TEXT;
 """),
+    ("m012_count_inserts_per_batch", """
+-- New rows are counted in owner_generation once per batch by the store (SQLiteStore._count_added), not by a
+-- trigger per row: a trigger makes every INSERT open a statement savepoint, and each savepoint made FTS5 write
+-- out the index entries it held in memory, one small segment per row (BENCHMARKS.md, "Ingest").
+DROP TRIGGER IF EXISTS memories_gen_insert;
+"""),
 ]

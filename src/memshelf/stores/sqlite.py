@@ -317,32 +317,56 @@ class SQLiteStore(SQLRecords):
 
         stored: list[Memory] = []
         tag = owner_tag(owner)
+        indexed: list[tuple[int, str, str, str, str]] = []  # full-text entries, written after the rows (add_many)
+        keys = [digest(item.topic, item.content) for item in items]
+        seen_at = ts(now)
         with self.atomic():
-            for item in items:
-                key = digest(item.topic, item.content)
-                row = self._q(
-                    f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
-                    "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
-                    (owner.tenant, owner.user, key)).fetchone()
-                if row is None:
-                    context = self._context(owner, item.topic, None)
-                    cur = self._q(
-                        "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                        " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
-                        (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
-                         item.confidence, ts(item.created_at), ts(now), ts(item.expires_at), item.vector,
-                         item.embed_model, context))
-                    self._fts.add(owner.tenant, cur.lastrowid or 0, item.topic, item.content, tag, context)
-                    if item.pieces:
-                        self._put_pieces(cur.lastrowid or 0, item.embed_model, item.pieces)
-                else:
+            seen = self._stored_digests(owner, keys)  # what is already there, or was added by this batch
+            for item, key in zip(items, keys):
+                if key in seen:
+                    row = self._q(f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
+                                  "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
+                                  (owner.tenant, owner.user, key)).fetchone()
                     self._observe_again(row, item, now)
-                got = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m "
-                              "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
-                              (owner.tenant, owner.user, key)).fetchone()
-                stored.append(_memory(got))
+                    stored.append(_memory(self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.pk = ?",
+                                                  (row[0],)).fetchone()))
+                    continue
+                seen.add(key)
+                context = self._context(owner, item.topic, None)
+                values = (new_id("m"), item.topic, item.content, item.source, item.confidence, ts(item.created_at),
+                          ts(item.expires_at), seen_at, 1, item.embed_model)
+                cur = self._q(
+                    "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
+                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
+                    (values[0], owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
+                     item.confidence, values[5], values[7], values[6], item.vector, item.embed_model, context))
+                indexed.append((cur.lastrowid or 0, item.topic, item.content, tag, context))
+                if item.pieces:
+                    self._put_pieces(cur.lastrowid or 0, item.embed_model, item.pieces)
+                stored.append(_memory((*values, None, None, None, None)))  # the row as a read would give it
+            self._fts.add_many(owner.tenant, indexed)
+            self._count_added(owner, len(indexed))
         return stored
+
+    def _stored_digests(self, owner: Owner, keys: Sequence[str]) -> set[str]:
+        """Which of these digests the owner's memories already have."""
+        found: set[str] = set()
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 500):  # SQLite's bound on parameters
+            chunk = unique[start:start + 500]
+            found.update(r[0] for r in self._q(
+                "SELECT digest FROM memories WHERE tenant = ? AND user_id = ?"
+                f" AND digest IN ({','.join('?' * len(chunk))})", (owner.tenant, owner.user, *chunk)))
+        return found
+
+    def _count_added(self, owner: Owner, rows: int) -> None:
+        """Count an owner's new rows in owner_generation (`appended` tells the cached vector matrix to fetch
+        them), once per batch, in the batch's transaction. Every insert into memories goes through here."""
+        if rows:
+            self._q("INSERT INTO owner_generation (tenant, user_id, appended, memories) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (tenant, user_id) DO UPDATE SET appended = appended + excluded.appended,"
+                    " memories = memories + excluded.memories", (owner.tenant, owner.user, rows, rows))
 
     def _context(self, owner: Owner, topic: str, before: int | None) -> str:
         """The text of the CONTEXT_TURNS memories stored just before pk `before` (None: the newest) by the same
@@ -401,6 +425,7 @@ class SQLiteStore(SQLRecords):
     def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None],
                         pieces: Sequence[Sequence[bytes]] = ()) -> int:
         added = 0
+        indexed: list[tuple[int, str, str, str, str]] = []  # full-text entries, written after the rows (add_many)
         with self.atomic():
             for memory, vector, later in zip(items, vectors, pieces or [()] * len(items)):
                 context, tag = self._context(owner, memory.topic, None), owner_tag(owner)
@@ -415,10 +440,12 @@ class SQLiteStore(SQLRecords):
                      ts(memory.expires_at), vector, memory.embed_model if vector is not None else None, context,
                      ts(memory.superseded_at), memory.superseded_by, ts(memory.confirmed_at), memory.confirmed_from))
                 if cur.rowcount:
-                    self._fts.add(owner.tenant, cur.lastrowid or 0, memory.topic, memory.content, tag, context)
+                    indexed.append((cur.lastrowid or 0, memory.topic, memory.content, tag, context))
                     if later and vector is not None:
                         self._put_pieces(cur.lastrowid or 0, memory.embed_model, later)
                 added += cur.rowcount
+            self._fts.add_many(owner.tenant, indexed)
+            self._count_added(owner, len(indexed))
         return added
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
