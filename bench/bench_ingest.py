@@ -1,0 +1,101 @@
+"""Ingest speed (issue 17): Shelf.remember_many into a new SQLite file, with pre-computed vectors and without.
+
+Each measurement runs in a fresh Python process: --rows statements from the keyword benchmark's text generator, in
+batches of --batch, one owner, into a new file (WAL, as Shelf.open makes it); with vectors, each item carries a
+synthetic 384-d float32 vector (no model runs; the shelf's embedder only names the model). The result is rows per
+second over the whole load. --src serves another source tree (e.g. a worktree of an older commit), so two versions
+are measured in the same run, alternating round by round; the medians of --rounds rounds are reported.
+
+    .venv/bin/python bench/bench_ingest.py                                   # 20,000 rows, 3 rounds
+    .venv/bin/python bench/bench_ingest.py --src ../before/src --src src --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, print_table, save_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("with vectors", "keywords only")
+
+
+def load(rows: int, batch: int, vectors: bool) -> float:
+    """Rows per second of one load into a new file (run in a worker process)."""
+    import numpy as np
+
+    from _common import TextGenerator
+    from bench_semantic import DIM, SyntheticEmbedder
+    from memshelf import Owner, Shelf
+
+    texts = TextGenerator(seed=5).sentences(rows)
+    matrix = np.random.default_rng(1).standard_normal((rows, DIM)).astype(np.float32)
+    items = [{"topic": topic, "content": content, "source": source} for topic, content, source in texts]
+    if vectors:
+        for item, vector in zip(items, matrix):
+            item["vector"] = vector
+    with tempfile.TemporaryDirectory() as folder:
+        shelf = Shelf.open(Path(folder) / "memory.db", embedder=SyntheticEmbedder() if vectors else None)
+        owner = Owner("bench", "one-user")
+        start = time.perf_counter()
+        for at in range(0, rows, batch):
+            shelf.remember_many(owner, items[at:at + batch])
+        elapsed = time.perf_counter() - start
+        shelf.close()
+    return rows / elapsed
+
+
+def measure(src: Path, rows: int, batch: int, vectors: bool) -> float:
+    command = [sys.executable, __file__, "--worker", "--rows", str(rows), "--batch", str(batch)]
+    command += ["--vectors"] if vectors else []
+    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True,
+                          check=True)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rows_per_s"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=2_000, help="items per remember_many call")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--src", action="append", type=Path, help="source tree to load with (repeatable; default src)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--vectors", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps({"rows_per_s": load(args.rows, args.batch, args.vectors)}))
+        return
+    sources = [src.resolve() for src in (args.src or [ROOT / "src"])]
+    samples: dict[str, dict[str, list[float]]] = {str(src): {kind: [] for kind in KINDS} for src in sources}
+    for _ in range(args.rounds):
+        for kind in KINDS:
+            for src in sources:
+                samples[str(src)][kind].append(measure(src, args.rows, args.batch, kind == "with vectors"))
+    report: dict[str, Any] = {"machine": machine(), "rows": args.rows, "batch": args.batch, "rounds": args.rounds,
+                              "sources": samples}
+    first = str(sources[0])
+    rows = []
+    for src in sources:
+        for kind in KINDS:
+            median = statistics.median(samples[str(src)][kind])
+            ratio = median / statistics.median(samples[first][kind])
+            rows.append([os.path.relpath(src), kind, f"{median:,.0f}",
+                         " / ".join(f"{value:,.0f}" for value in samples[str(src)][kind]), f"{ratio:.2f}x"])
+    print_table(f"remember_many into a new SQLite file ({args.rows:,} rows, batches of {args.batch:,}, "
+                f"median of {args.rounds} rounds)", ["source", "kind", "rows/s", "rounds", "vs first source"], rows)
+    save_json(args.json, report)
+
+
+if __name__ == "__main__":
+    main()
