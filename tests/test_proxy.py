@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -271,18 +273,27 @@ def test_errors_say_what_to_do(proxy: Proxy) -> None:
     assert empty.status_code == 422 and '"messages"' in empty.json()["error"]["message"]
 
 
-def test_an_unreachable_upstream_is_a_502_naming_it(tmp_path: Path) -> None:
-    db = tmp_path / "memory.db"
+@contextmanager
+def served_chat(db: Path, upstream: str) -> Iterator[Any]:
+    """`memshelf serve --upstream` on a fresh port over db, and an openai client holding a key of TENANT."""
     with Shelf.open(db, embedder=None) as shelf:
         secret = shelf.create_key(TENANT)[1]
-    nowhere = f"http://127.0.0.1:{free_port()}/v1"
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "memshelf", "--db", str(db), "serve", "--port", str(port),
-                                "--upstream", nowhere], env={**os.environ, "MEMSHELF_EMBEDDER": "none"})
+                                "--upstream", upstream], env={**os.environ, "MEMSHELF_EMBEDDER": "none"})
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, process)
-        chat = openai.OpenAI(base_url=url + "/v1", api_key=secret, max_retries=0)
+        yield openai.OpenAI(base_url=url + "/v1", api_key=secret, max_retries=0)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_an_unreachable_upstream_is_a_502_naming_it(tmp_path: Path) -> None:
+    db = tmp_path / "memory.db"
+    nowhere = f"http://127.0.0.1:{free_port()}/v1"
+    with served_chat(db, nowhere) as chat:
         for stream in (False, True):
             with pytest.raises(openai.APIStatusError) as failed:
                 chat.chat.completions.create(model="tiny", user="kaleb", stream=stream,
@@ -290,9 +301,28 @@ def test_an_unreachable_upstream_is_a_502_naming_it(tmp_path: Path) -> None:
             assert failed.value.status_code == 502 and nowhere + "/chat/completions" in str(failed.value)
         with Shelf.open(db, embedder=None) as shelf:
             assert shelf.messages(Owner(TENANT, "kaleb"), "chat") == []
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+
+
+def test_a_compressing_upstream_is_read_and_passed_on_decompressed(tmp_path: Path) -> None:
+    """An upstream may gzip its answer, streamed or not: the client gets plain text (the proxy does not pass the
+    encoding on) and the assistant's turn is read from it. With httpx the proxy passed a gzipped stream on as it
+    came, without its Content-Encoding, and the client could not read it."""
+    fake = FakeUpstream()
+    db = tmp_path / "memory.db"
+    with LiveServer(GZipMiddleware(fake.app(), minimum_size=1, exclude_content_types=())) as upstream, \
+            served_chat(db, upstream.url + "/v1") as chat:
+        plain = chat.chat.completions.create(model="tiny", user="kaleb", extra_headers={"X-Memshelf-Thread": "z1"},
+                                             messages=[{"role": "user", "content": "I live in Porto."}])
+        streamed = chat.chat.completions.create(model="tiny", user="kaleb", stream=True,
+                                                extra_headers={"X-Memshelf-Thread": "z2"},
+                                                messages=[{"role": "user", "content": "I work at Acme."}])
+        assert plain.choices[0].message.content == ANSWER
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == ANSWER
+        with Shelf.open(db, embedder=None) as shelf:
+            owner = Owner(TENANT, "kaleb")
+            for thread, said in (("z1", "I live in Porto."), ("z2", "I work at Acme.")):
+                turns = eventually(lambda t=thread: len(shelf.messages(owner, t)) == 2 and shelf.messages(owner, t))
+                assert [(m.role, m.content) for m in turns] == [("user", said), ("assistant", ANSWER)]
 
 
 def test_a_server_without_an_upstream_has_no_chat_endpoint(tmp_path: Path) -> None:
