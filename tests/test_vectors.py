@@ -14,10 +14,10 @@ from fakes import HashEmbedder
 from test_server import LiveServer, bearer
 from threadpoolctl import threadpool_info
 
-from memshelf import ConfigError, Owner, Shelf
+from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.server import create_app
 from memshelf.stores.sqlite import SQLiteStore
-from memshelf._vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, VectorMatrix, pack
+from memshelf._vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, WRITE_CHUNK, VectorMatrix, pack
 
 KALEB = Owner("home", "kaleb")
 MAYA = Owner("home", "maya")
@@ -115,6 +115,19 @@ def test_a_built_matrix_is_exactly_its_rows_and_an_empty_one_grows_to_any_width(
     grown = empty.extended(rows_of(rng.standard_normal((3, 384))), no_time)
     assert (grown.size, grown.dimensions, grown.capacity) == (3, 384, 3)
     assert np.allclose(np.linalg.norm(grown.matrix, axis=1), 1.0)
+
+
+def test_a_matrix_built_in_chunks_is_its_rows_and_refuses_a_second_width_in_any_chunk():
+    rng = np.random.default_rng(2)
+    vectors = rng.standard_normal((2 * WRITE_CHUNK + 7, 16)).astype(np.float32)
+    built = VectorMatrix.build("m", rows_of(vectors), no_time)
+    expected = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    assert built.size == len(vectors) and np.array_equal(built.keys, np.arange(1, len(vectors) + 1))
+    assert np.allclose(built.matrix, expected, atol=1e-6)
+    rows = rows_of(vectors)
+    rows[WRITE_CHUNK + 3] = (rows[WRITE_CHUNK + 3][0], pack(rng.standard_normal(8)), 1.0, None)
+    with pytest.raises(DimensionMismatch, match="have 16 and 8 dimensions"):
+        VectorMatrix.build("m", rows, no_time)
 
 
 def test_appends_copy_each_row_a_bounded_number_of_times_and_leave_bounded_room():

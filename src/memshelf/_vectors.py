@@ -77,6 +77,9 @@ def normalize(matrix: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return np.divide(matrix, norms, out=out, casting="same_kind")
 
 
+WRITE_CHUNK = 4_096
+"""Rows copied into a matrix at a time (6 MB of 384-d vectors)."""
+
 GROWTH = 4
 """An append that does not fit copies the rows into buffers a quarter (1/GROWTH) bigger than needed: each row is
 copied a bounded number of times over a run of appends, and spare room stays under a quarter of the matrix."""
@@ -152,18 +155,24 @@ class VectorMatrix:
         return VectorMatrix(self.model, self.size, *grown, self.repeats)._written(rows, parse_time)
 
     def _written(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
-        """`rows` written into the spare room after this matrix's rows (there must be enough)."""
+        """`rows` written into the spare room after this matrix's rows (there must be enough). The vectors are
+        copied and normalized WRITE_CHUNK rows at a time: joining all the blobs first, then normalizing through a
+        temporary as big as the matrix, allocated (and page-faulted) two more copies of it."""
         width, end = self.dimensions, self.size + len(rows)
-        for row in rows:
-            if len(row[1]) != width * 4:
+        for start in range(0, len(rows), WRITE_CHUNK):
+            chunk = rows[start:start + WRITE_CHUNK]
+            joined = b"".join(row[1] for row in chunk)
+            if len(joined) != len(chunk) * width * 4:
+                other = next(len(row[1]) // 4 for row in chunk if len(row[1]) != width * 4)
                 raise DimensionMismatch(
-                    f"stored vectors stamped {self.model} have {width} and {len(row[1]) // 4} dimensions: one model "
-                    "name was used for two models; re-embed with `memshelf backfill` under a distinct model name")
-        raw = np.frombuffer(b"".join(row[1] for row in rows), dtype="<f4").reshape(len(rows), width)
-        normalize(raw, out=self._matrix[self.size:end])
+                    f"stored vectors stamped {self.model} have {width} and {other} dimensions: one model name was "
+                    "used for two models; re-embed with `memshelf backfill` under a distinct model name")
+            at = self.size + start
+            normalize(np.frombuffer(joined, dtype="<f4").reshape(len(chunk), width),
+                      out=self._matrix[at:at + len(chunk)])
         self._keys[self.size:end] = [row[0] for row in rows]
         self._confidence[self.size:end] = [row[2] for row in rows]
-        self._expires[self.size:end] = [_epoch(parse_time(row[3])) for row in rows]
+        self._expires[self.size:end] = [math.inf if row[3] is None else _epoch(parse_time(row[3])) for row in rows]
         written = self._keys[self.size:end]
         before = np.concatenate(([self.last_key], written[:-1]))
         repeats = self.repeats + int(np.count_nonzero(written == before))
