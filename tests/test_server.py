@@ -474,6 +474,34 @@ def test_revoked_key_is_401(admin: httpx.Client, deployment: Deployment) -> None
         assert_error(client.get("/v1/users/alice/memories"), 401, "unauthorized")
 
 
+@pytest.mark.parametrize("quick", [True, False], ids=["sqlite-file", "in-memory"])
+def test_keys_are_checked_on_the_event_loop_only_where_reads_are_quick(tmp_path: Path, quick: bool) -> None:
+    """A SQLite file answers a key lookup in microseconds and its readers never wait for a writer, so the key is
+    checked on the event loop (a worker-thread hop costs more than the lookup); elsewhere in a worker thread. Either
+    way nothing is cached: a key revoked through another connection is refused by the next request."""
+    from fastapi.testclient import TestClient
+
+    target = str(tmp_path / "memory.db") if quick else ":memory:"
+    shelf = Shelf.open(target, embedder=None)
+    made, secret = shelf.create_key("acme")
+    threads: list[str] = []
+    lookup = shelf.authenticate
+    shelf.authenticate = lambda given: (threads.append(threading.current_thread().name), lookup(given))[1]
+    try:
+        with TestClient(create_app(shelf)) as client:
+            assert client.get("/v1/users", headers=bearer(secret)).status_code == 200
+            if quick:
+                with Shelf.open(target, embedder=None) as other:
+                    other.revoke_key(made.id)
+            else:
+                shelf.revoke_key(made.id)
+            assert_error(client.get("/v1/users", headers=bearer(secret)), 401, "unauthorized")
+    finally:
+        shelf.close()
+    assert shelf.store.quick_reads is quick
+    assert len(threads) == 2 and all((name == "AnyIO worker thread") is not quick for name in threads), threads
+
+
 def test_another_tenants_record_is_404_like_a_missing_one(acme: httpx.Client, deployment: Deployment) -> None:
     theirs = remember(acme, "ivy", "Acme's vault code is 1234.")
     missing = assert_error(acme.get("/v1/users/ivy/memories/m_0000000000000000"), 404, "not_found")

@@ -415,6 +415,13 @@ class Store(MemoryStore, RecordStore, AdminStore):
         """Whether the text of something erased may still sit in the backend's files (see Erased.scrub_pending)."""
         return False
 
+    @property
+    def quick_reads(self) -> bool:
+        """Whether looking up an API key by its hash answers in microseconds, never waiting for a lock or the
+        network, so the server may run it on its event loop instead of sending it to a worker thread (a hop that
+        costs more than the lookup). False, the default, is always safe."""
+        return False
+
     def bulk_load(self) -> AbstractContextManager[None]:
         """Wrap a large import (migrate, benchmarks): a backend may defer index builds to the end of the block
         and tidy up afterwards. Reads inside the block stay correct. The default does nothing special."""

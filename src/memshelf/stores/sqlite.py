@@ -275,6 +275,12 @@ class SQLiteStore(SQLRecords):
     def scrub_pending(self) -> bool:
         return self._scrub_pending
 
+    @property
+    def quick_reads(self) -> bool:
+        """A file in WAL mode: a reader never waits for a writer, and the keys' pages stay in memory. (An in-memory
+        database shares one cache between connections, where a reader can wait for a writer's table lock.)"""
+        return not self._memory_db
+
     def close(self) -> None:
         if self._scrub_pending and self._all_connections:
             self._checkpoint(SCRUB_WAIT_MS)
