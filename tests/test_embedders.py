@@ -741,8 +741,11 @@ def test_a_damaged_or_disagreeing_graph_is_never_used(tmp_path: Path, monkeypatc
     monkeypatch.setenv("MEMSHELF_CACHE_DIR", str(tmp_path))
     graph = tmp_path / "minilm.onnx"
     graph.write_bytes(b"half a file")
+    older = tmp_path / "minilm-1234.onnx"  # the graph of earlier weights of the model: replaced by the new one
+    older.write_bytes(b"an old graph")
     model = _onnx.load(local._model_dir(), "minilm", local._shared_model)
     assert model is not None and graph.stat().st_size > 1_000_000 and "exporting it again" in caplog.text
+    assert not older.exists()
     np.testing.assert_allclose(model.encode(["hello"])[0], local_embedder.embed("hello"), atol=1e-6)
     graph.unlink()
     monkeypatch.setattr(_onnx, "AGREEMENT", -1.0)  # any difference at all is too much

@@ -121,7 +121,20 @@ def load(model_dir: Path, stamp: str, torch_model: Callable[[], Any]) -> OnnxMod
         graph.unlink(missing_ok=True)
         log.warning("the local model runs on torch: its ONNX graph's vectors differ from torch's by %.2g", difference)
         return None
+    _prune(graph)
     return onnx
+
+
+def _prune(graph: Path) -> None:
+    """Delete the graphs older weights of the same model left in the cache (the stamp is the model's name, a dash
+    and the size of its weights): about 90 MB each, and no longer loaded once these weights have their own."""
+    name = graph.stem.rsplit("-", 1)[0]
+    for old in graph.parent.glob(f"{name}-*.onnx"):
+        if old != graph:
+            try:
+                old.unlink()
+            except OSError as exc:  # another process's file, say: it only costs disk space
+                log.info("could not delete the old ONNX graph %s: %s", old, exc)
 
 
 def _export(model: Any, graph: Path) -> None:
