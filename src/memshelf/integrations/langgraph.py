@@ -46,7 +46,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from langgraph.store.base import (BaseStore, GetOp, IndexConfig, InvalidNamespaceError, Item, ListNamespacesOp,
@@ -79,9 +79,13 @@ class _Stored:
     value: dict[str, Any]
     ttl: float | None
 
+    @property
+    def updated_at(self) -> datetime:
+        """When the item was last put (putting the same value again is another observation of its memory)."""
+        return max(self.memory.created_at, self.memory.last_seen or self.memory.created_at)
+
     def item(self, score: float | None = None, searched: bool = False) -> Item:
-        created = self.memory.created_at
-        updated = max(created, self.memory.last_seen or created)
+        created, updated = self.memory.created_at, self.updated_at
         if searched:
             return SearchItem(self.namespace, self.key, self.value, created, updated, score)
         return Item(value=self.value, key=self.key, namespace=self.namespace, created_at=created, updated_at=updated)
@@ -191,7 +195,7 @@ class ShelfStore(BaseStore):
             chosen = found[offset:wanted]
         else:
             items = sorted((s for s in self._owner_items(owner) if keep(s)),
-                           key=lambda s: (s.item().updated_at, s.memory.created_at), reverse=True)
+                           key=lambda s: (s.updated_at, s.memory.created_at), reverse=True)
             chosen = [(stored, None) for stored in items[offset:wanted]]
         return [self._refreshed(owner, stored, op.refresh_ttl).item(score, searched=True)  # type: ignore[misc]
                 for stored, score in chosen]
