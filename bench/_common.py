@@ -27,6 +27,9 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout: its src/ is what the benchmarks serve unless told another tree (--src)."""
+
 SOURCES = ("stated", "mined", "inferred")
 SOURCE_WEIGHTS = (0.5, 0.3, 0.2)
 TOPICS = ("network", "home", "work", "family", "health", "travel", "food", "music", "garden", "car",

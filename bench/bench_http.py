@@ -30,9 +30,8 @@ from typing import Any
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, memshelf_serve, print_table, save_json  # noqa: E402
+from _common import ROOT, machine, memshelf_serve, print_table, save_json  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SEED = """
 import sys
 from memshelf import Owner, Shelf

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, print_table, save_json  # noqa: E402
+from _common import ROOT, machine, print_table, save_json  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("with vectors", "keywords only")
 
 

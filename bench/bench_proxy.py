@@ -43,8 +43,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (TextGenerator, fmt_ms, free_port, machine, memshelf_serve, percentile, print_table,  # noqa: E402
-                     save_json)
+from _common import (ROOT, TextGenerator, fmt_ms, free_port, machine, memshelf_serve, percentile,  # noqa: E402
+                     print_table, save_json)
 
 from memshelf import Owner, Shelf  # noqa: E402
 
@@ -87,9 +87,6 @@ def upstream() -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager

@@ -172,7 +172,7 @@ class VectorMatrix:
                       out=self._matrix[at:at + len(chunk)])
         self._keys[self.size:end] = [row[0] for row in rows]
         self._confidence[self.size:end] = [row[2] for row in rows]
-        self._expires[self.size:end] = [math.inf if row[3] is None else _epoch(parse_time(row[3])) for row in rows]
+        self._expires[self.size:end] = [_epoch(parse_time(row[3])) for row in rows]
         written = self._keys[self.size:end]
         before = np.concatenate(([self.last_key], written[:-1]))
         repeats = self.repeats + int(np.count_nonzero(written == before))

@@ -21,8 +21,8 @@ from ..stores.base import ApiKey
 from ._errors import KEY_HINT, ApiError
 from ._schemas import IDENTIFIER
 
-__all__ = ["MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "TenantDep", "UserPath",
-           "WorkerRoute",
+__all__ = ["KEY_SECURITY", "MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "TenantDep",
+           "UserPath", "WorkerRoute",
            "admin_key", "caller_key", "checked_key", "key_tenant", "offset_cursor", "page_of", "read_offset_cursor",
            "shelf_of", "tenant_of", "user_owner"]
 
@@ -90,6 +90,8 @@ def page_of(items: Sequence[T], limit: int, cursor: str | None) -> tuple[list[T]
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key, as an alternative header")
+KEY_SECURITY: list[dict[str, list[str]]] = [{scheme.scheme_name: []} for scheme in (_bearer, _api_key_header)]
+"""The two key schemes as an OpenAPI `security` list, for a route that takes no key dependency."""
 
 
 async def shelf_of(request: Request) -> Shelf:

@@ -103,10 +103,9 @@ class TenantIndexes:
     def add_many(self, tenant: str, rows: Sequence[tuple[int, str, str, str, str]]) -> None:
         """Index rows (pk, topic, content, owner_tag, context) of one tenant.
 
-        A batch is indexed after its memories rows are written, not row by row between them: each memories INSERT
-        opens a statement savepoint (its trigger counts the owner's rows), and a savepoint makes FTS5 write out what
-        it holds in memory, so indexing in between wrote one small segment per row (remember_many of 2,000 rows
-        with vectors: 5,100 rows/s that way, BENCHMARKS.md "Ingest")."""
+        A batch is indexed after its memories rows are written, not row by row between them: any statement that
+        opens a savepoint (one that fires a trigger does) makes FTS5 write out the entries it holds in memory, so
+        indexing between the rows wrote one small segment per row (BENCHMARKS.md, "Ingest into SQLite")."""
         if not rows:
             return
         words, ctx = self.names(tenant) or self._create(tenant)

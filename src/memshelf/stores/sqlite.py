@@ -339,18 +339,19 @@ class SQLiteStore(SQLRecords):
                     continue
                 seen.add(key)
                 context = self._context(owner, item.topic, None)
-                values = (new_id("m"), item.topic, item.content, item.source, item.confidence, ts(item.created_at),
-                          ts(item.expires_at), seen_at, 1, item.embed_model)
+                memory_id, created, expires = new_id("m"), ts(item.created_at), ts(item.expires_at)
                 cur = self._q(
                     "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
                     " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
-                    (values[0], owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
-                     item.confidence, values[5], values[7], values[6], item.vector, item.embed_model, context))
+                    (memory_id, owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
+                     item.confidence, created, seen_at, expires, item.vector, item.embed_model, context))
                 indexed.append((cur.lastrowid or 0, item.topic, item.content, tag, context))
                 if item.pieces:
                     self._put_pieces(cur.lastrowid or 0, item.embed_model, item.pieces)
-                stored.append(_memory((*values, None, None, None, None)))  # the row as a read would give it
+                # the row as reading it back would give it (MEMORY_COLUMNS' order)
+                stored.append(_memory((memory_id, item.topic, item.content, item.source, item.confidence, created,
+                                       expires, seen_at, 1, item.embed_model, None, None, None, None)))
             self._fts.add_many(owner.tenant, indexed)
             self._count_added(owner, len(indexed))
         return stored
