@@ -5,7 +5,9 @@ A loopback upstream that speaks the chat API (answering at once, or streaming fi
 memories and a few facts. Each round sends the same chat request twice, back to back and in alternating order:
 once to the upstream directly, once through the proxy (which builds the memory context for the question, forwards,
 then logs both turns and learns from the thread after answering). The proxy's cost is the median of the paired
-differences; both p50s are printed beside it, measured in the same run. Rounds are --gap seconds apart (default
+differences; both p50s are printed beside it, measured in the same run. Streamed, the bench also times the relay:
+from the upstream handing its first chunk to its server until the client has it (one clock: the upstream runs in
+this process), which is what the proxy adds to a stream once it is flowing. Rounds are --gap seconds apart (default
 0.1), as a chat's turns are: the proxy logs and learns after each answer, and back to back (--gap 0) that work of
 one round overlaps the next round's request on this 2-core machine.
 
@@ -55,6 +57,10 @@ ANSWER = {"id": "c1", "object": "chat.completion", "created": 1, "model": "tiny"
                        "finish_reason": "stop"}]}
 
 
+FIRST_CHUNK_SENT: list[float] = []
+"""When the upstream handed its latest stream's first chunk to the server (perf_counter: the client's clock too)."""
+
+
 def upstream_app() -> Starlette:
     async def completions(request: Request) -> Response:
         body = await request.json()
@@ -62,9 +68,11 @@ def upstream_app() -> Starlette:
             return JSONResponse(ANSWER)
 
         async def events() -> Any:
-            for word in ["It ", "is ", "on ", "192.168.1.40", "."]:
+            for n, word in enumerate(["It ", "is ", "on ", "192.168.1.40", "."]):
                 chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
                          "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+                if n == 0:
+                    FIRST_CHUNK_SENT.append(time.perf_counter())
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
                 await asyncio.sleep(0.002)
             yield b"data: [DONE]\n\n"
@@ -110,23 +118,25 @@ def seed(db: Path, embedder: str, memories: int) -> str:
         return shelf.create_key(OWNER.tenant)[1]
 
 
-def timed(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
+def timed(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
     answer = client.post(url + "/chat/completions", json=body, headers=headers)
     answer.raise_for_status()
-    return time.perf_counter() - start
+    return {"request": time.perf_counter() - start}
 
 
-def first_byte(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> float:
+def first_byte(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, float]:
+    """Time to the first streamed byte, and the relay: from the upstream handing its first chunk to its server
+    until this client has it (with the proxy between them, the proxy's pass-through delay)."""
     start = time.perf_counter()
-    elapsed = None
+    arrived = None
     with client.stream("POST", url + "/chat/completions", json=body, headers=headers) as answer:
         answer.raise_for_status()
         for _ in answer.iter_raw():  # read to the end, so the proxy finishes the exchange as a client would
-            if elapsed is None:
-                elapsed = time.perf_counter() - start
-    assert elapsed is not None, "the stream was empty"
-    return elapsed
+            if arrived is None:
+                arrived = time.perf_counter()
+    assert arrived is not None, "the stream was empty"
+    return {"first byte": arrived - start, "relay": arrived - FIRST_CHUNK_SENT[-1]}
 
 
 def measure(embedder: str, rounds: int, memories: int, gap: float, sources: list[Path]) -> dict[str, Any]:
@@ -144,11 +154,11 @@ def measure(embedder: str, rounds: int, memories: int, gap: float, sources: list
             for url, headers in ((direct, {}), *((through, mine) for through in proxies)):
                 timed(client, url, body, headers)
         results: dict[str, Any] = {str(src): {} for src in sources}
-        for name, call, payload in (("request", timed, body), ("first byte", first_byte, streamed)):
+        for call, payload in ((timed, body), (first_byte, streamed)):
             # One proxy per round, in turn, each paired with its own direct call: a proxy's logging and learning
             # after its answer must not overlap the next proxy's request.
-            plain: list[list[float]] = [[] for _ in sources]
-            proxied: list[list[float]] = [[] for _ in sources]
+            plain: list[list[dict[str, float]]] = [[] for _ in sources]
+            proxied: list[list[dict[str, float]]] = [[] for _ in sources]
             for n in range(rounds * len(sources)):
                 index = n % len(sources)
                 order = [(plain[index], direct, {}), (proxied[index], proxies[index], mine)]
@@ -156,11 +166,14 @@ def measure(embedder: str, rounds: int, memories: int, gap: float, sources: list
                     samples.append(call(client, url, payload, headers))
                 time.sleep(gap)
             for src, mine_plain, mine_proxied in zip(sources, plain, proxied):
-                added = sorted(p - d for p, d in zip(mine_proxied, mine_plain))
-                results[str(src)][name] = {"direct_p50_ms": percentile(mine_plain, 50) * 1000,
-                                           "proxy_p50_ms": percentile(mine_proxied, 50) * 1000,
-                                           "added_p50_ms": percentile(added, 50) * 1000,
-                                           "added_p90_ms": percentile(added, 90) * 1000}
+                for name in mine_plain[0]:
+                    direct_times = [sample[name] for sample in mine_plain]
+                    proxy_times = [sample[name] for sample in mine_proxied]
+                    added = sorted(p - d for p, d in zip(proxy_times, direct_times))
+                    results[str(src)][name] = {"direct_p50_ms": percentile(direct_times, 50) * 1000,
+                                               "proxy_p50_ms": percentile(proxy_times, 50) * 1000,
+                                               "added_p50_ms": percentile(added, 50) * 1000,
+                                               "added_p90_ms": percentile(added, 90) * 1000}
         return results
 
 

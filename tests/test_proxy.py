@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ openai = pytest.importorskip("openai")
 
 ANSWER = "Noted, I will remember that."
 TENANT = "home"
+GATE_SECONDS = 10.0
 
 
 @dataclass
@@ -41,6 +43,9 @@ class FakeUpstream:
 
     received: list[dict[str, Any]] = field(default_factory=list)
     keys: list[str | None] = field(default_factory=list)
+    gate: threading.Event = field(default_factory=threading.Event)
+    """Model "gated" streams its first chunk, then waits (up to GATE_SECONDS) for the gate before the rest."""
+    gate_held: list[bool] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def completions(request: Request) -> Response:
@@ -66,6 +71,8 @@ class FakeUpstream:
                              "model": body["model"], "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
                     await asyncio.sleep(0.01)
+                    if n == 0 and body["model"] == "gated":
+                        self.gate_held.append(await asyncio.to_thread(self.gate.wait, GATE_SECONDS))
                 done = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": body["model"],
                         "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
                 yield f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode()
@@ -194,6 +201,21 @@ def test_streaming_passes_chunks_through_and_keeps_the_whole_answer(proxy: Proxy
     sent = proxy.upstream.received[-1]
     assert sent["messages"][0]["role"] == "system" and "allergic to peanuts" in sent["messages"][0]["content"]
     assert sent["stream"] is True
+
+
+def test_each_chunk_reaches_the_client_before_the_upstream_sends_the_next(proxy: Proxy) -> None:
+    """No buffering: the upstream sends its second chunk only once the client holds the first (through the proxy);
+    a proxy that waited for more would leave the gate shut until the upstream gave up on it."""
+    proxy.upstream.gate.clear()
+    stream = client(proxy).chat.completions.create(
+        model="gated", stream=True, user="gus", messages=[{"role": "user", "content": "Hello there."}])
+    chunks = iter(stream)
+    first = next(chunks)
+    assert first.choices[0].delta.content == "Noted, " and not proxy.upstream.gate_held
+    proxy.upstream.gate.set()
+    rest = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert "Noted, " + rest == ANSWER
+    assert proxy.upstream.gate_held.pop() is True, "the upstream's wait for the gate timed out"
 
 
 def test_a_client_that_leaves_mid_stream_still_has_its_turn_kept(proxy: Proxy) -> None:
