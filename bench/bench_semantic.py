@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TextGenerator, database_dir, fmt_ms, machine, print_table, save_json, summarize_ms  # noqa: E402
 
-from memshelf import Owner, Shelf  # noqa: E402
+from memshelf import Owner, Shelf, _vectors  # noqa: E402
 from memshelf.embedders.base import Embedder  # noqa: E402
 
 OWNER = Owner("bench", "one-user")
@@ -146,13 +146,27 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
     shelf = fresh()
     for q in queries[:10]:
         ask(shelf, q)  # warm
+    # The same file scanned in float32 only (the matrix built without its int8 copy), query by query in turn with
+    # the shipped scan: the same-run baseline of the int8 first pass, and a check that both find the same.
+    plain = fresh()
+    kernel, _vectors._kernel = _vectors._kernel, None
+    ask(plain, queries[0])
+    _vectors._kernel = kernel
     times: list[float] = []
+    plain_times: list[float] = []
+    differ = 0
     clock = time.perf_counter
     for _ in range(args.repeats):
         for q in queries:
             a = clock()
-            ask(shelf, q)
-            times.append(clock() - a)
+            found = ask(shelf, q)
+            b = clock()
+            expected = ask(plain, q)
+            c = clock()
+            times.append(b - a)
+            plain_times.append(c - b)
+            differ += [(h.memory.id, h.score) for h in found] != [(h.memory.id, h.score) for h in expected]
+    plain.close()
 
     # the spec's loop over the same rows, fewer queries; also check that both return the same rows
     spec_n = args.spec_queries if n <= 20_000 else args.spec_queries_large
@@ -179,6 +193,7 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
         "size": n, "db_bytes": size_bytes, "build_seconds": build_s, "build_rows_per_second": n / build_s,
         "floor": args.floor, "limit": LIMIT, "queries": args.queries, "repeats": args.repeats,
         "semantic": ours_s, "semantic_same_queries": summarize_ms(ours_same),
+        "float32_only": summarize_ms(plain_times), "float32_only_differs": differ, "int8_kernel": kernel is not None,
         "first_query": summarize_ms(first), "second_query": summarize_ms(second),
         "spec_loop": spec_s, "spec_queries": spec_n, "same_top5": f"{agree}/{spec_n}",
         "ratio_p50": spec_s["p50_ms"] / ours_s["p50_ms"],
@@ -270,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     if results:
+        print_table("the int8 first pass against the float32 scan alone, query by query in turn (ms)",
+                    ["memories", "kernel", "shipped p50", "shipped p95", "float32 only p50", "float32 only p95",
+                     "float32 / shipped p50", "answers that differ"],
+                    [[f"{r['size']:,}", "simsimd" if r["int8_kernel"] else "none", fmt_ms(r["semantic"]["p50_ms"]),
+                      fmt_ms(r["semantic"]["p95_ms"]), fmt_ms(r["float32_only"]["p50_ms"]),
+                      fmt_ms(r["float32_only"]["p95_ms"]),
+                      f"{r['float32_only']['p50_ms'] / r['semantic']['p50_ms']:.2f}x", r["float32_only_differs"]]
+                     for r in results])
         print_table(f"semantic search, 384-d, limit {LIMIT}, floor {args.floor} (ms; query embedding excluded)",
                 ["memories", "memshelf p50", "memshelf p95", "n", "first query p50", "second query p50",
                  "spec loop p50", "spec n", "same top-5", "p50 ratio"],

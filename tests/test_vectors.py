@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import httpx
 import numpy as np
@@ -17,7 +18,8 @@ from threadpoolctl import threadpool_info
 from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.server import create_app
 from memshelf.stores.sqlite import SQLiteStore
-from memshelf._vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, WRITE_CHUNK, VectorMatrix, pack
+from memshelf import _vectors
+from memshelf._vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, WRITE_CHUNK, VectorMatrix, pack, top_k
 
 KALEB = Owner("home", "kaleb")
 MAYA = Owner("home", "maya")
@@ -110,7 +112,8 @@ def no_time(value):
 def test_a_built_matrix_is_exactly_its_rows_and_an_empty_one_grows_to_any_width():
     rng = np.random.default_rng(1)
     one = VectorMatrix.build("m", rows_of(rng.standard_normal((1, 384))), no_time)
-    assert (one.capacity, one.nbytes) == (1, 384 * 4 + 8 + 4 + 8)
+    compact = 384 + 4 if _vectors._kernel is not None else 0  # the int8 row and its scale
+    assert (one.capacity, one.nbytes) == (1, 384 * 4 + 8 + 4 + 8 + compact)
     empty = VectorMatrix.build("m", [], no_time)
     grown = empty.extended(rows_of(rng.standard_normal((3, 384))), no_time)
     assert (grown.size, grown.dimensions, grown.capacity) == (3, 384, 3)
@@ -176,7 +179,8 @@ def test_the_cache_stays_under_its_bound_and_evicted_owners_are_rebuilt(tmp_path
         assert own_answers(tight, people) == expected
         assert 0 < cache(tight).nbytes <= 100_000
         assert len(cache(tight)) < len(people)
-    entry = 5 * (64 * 4 + 8 + 4 + 8) + ENTRY_OVERHEAD
+    row = 64 * 4 + 8 + 4 + 8 + (64 + 4 if _vectors._kernel is not None else 0)  # with its int8 copy, if kept
+    entry = 5 * row + ENTRY_OVERHEAD
     assert len(cache(tight)) == 100_000 // entry  # full, with the most recently searched owners
     tight.remember(people[0], "note", "user0 a sixth note")  # an append to an evicted owner
     assert own_answers(tight, people[:1]) == expected[:1]
@@ -272,3 +276,66 @@ def test_concurrent_split_scans_give_the_serial_answers():
     serial = [top_k(matrix, q, 10, -1.0, 0.0) for q in queries]
     with ThreadPoolExecutor(6) as pool:
         assert list(pool.map(lambda q: top_k(matrix, q, 10, -1.0, 0.0), queries)) == serial
+
+
+# ---------------------------------------------------------------- the int8 scan
+needs_kernel = pytest.mark.skipif(_vectors._kernel is None, reason="simsimd is not installed")
+
+
+def awkward_rows(rng: np.random.Generator, pieces: bool) -> tuple[list[tuple], np.ndarray]:
+    """Rows that make a bounded first pass work: tight clusters (many scores within the int8 bound of each other),
+    exact duplicates (ties), a zero vector, expired rows, and with `pieces` memories of several rows."""
+    centres = rng.standard_normal((8, 64)).astype(np.float32)
+    vectors = centres[rng.integers(0, 8, 3000)] + 0.05 * rng.standard_normal((3000, 64)).astype(np.float32)
+    vectors[100:110] = vectors[99]
+    vectors[200] = 0.0
+    keys = np.arange(1, 3001)
+    if pieces:
+        keys = np.sort(rng.integers(1, 1200, 3000))
+    expires = [None if n % 7 else "expired" for n in range(3000)]
+    rows = [(int(k), pack(v), float(n % 3) / 2, e) for n, (k, v, e) in enumerate(zip(keys, vectors, expires))]
+    return rows, centres
+
+
+def expiry(value):
+    return None if value is None else datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@needs_kernel
+@pytest.mark.parametrize("pieces", [False, True])
+def test_the_int8_scan_finds_exactly_what_the_float32_scan_finds(monkeypatch, pieces):
+    rng = np.random.default_rng(5)
+    rows, centres = awkward_rows(rng, pieces)
+    matrix = VectorMatrix.build("m", rows, expiry)
+    assert matrix.compact is not None and 0 < matrix.slack < 0.05
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1)
+    questions = [*centres, *(centres[:4] + 0.05 * rng.standard_normal((4, 64)).astype(np.float32)),
+                 np.frombuffer(rows[99][1], "<f4"), np.zeros(64, np.float32)]
+    asked = [(q, limit, floor) for q in questions for limit, floor in ((1, -1.0), (5, 0.0), (10, 0.3), (50, 0.9))]
+    compact = [top_k(matrix, q, limit, floor, now=1e9) for q, limit, floor in asked]
+    monkeypatch.setattr(_vectors, "_kernel", None)
+    plain = [top_k(matrix, q, limit, floor, now=1e9) for q, limit, floor in asked]
+    assert compact == plain
+    assert sum(len(found) for found in plain) > 300  # the questions found things, ties and expiry among them
+
+
+@needs_kernel
+def test_the_int8_scores_are_within_their_bound_of_the_exact_ones():
+    rng = np.random.default_rng(6)
+    vectors = rng.standard_normal((5000, 384)).astype(np.float32) * rng.uniform(0.01, 10, (5000, 1))
+    matrix = VectorMatrix.build("m", rows_of(vectors), no_time)
+    for _ in range(20):
+        q = _vectors.normalize(rng.standard_normal(384).astype(np.float32))
+        approximate, bound = _vectors._approximate(matrix.compact, matrix.slack, q)
+        exact = matrix.matrix @ q
+        assert np.abs(approximate - exact).max() <= bound
+        assert bound < 0.05  # tight enough to leave few rows for the second pass
+
+
+def test_without_the_kernel_no_int8_copy_is_kept_and_search_still_works(monkeypatch, tmp_path):
+    monkeypatch.setattr(_vectors, "_kernel", None)
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1)
+    rng = np.random.default_rng(7)
+    matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((10, 8))), no_time)
+    assert matrix.compact is None and matrix.nbytes == 10 * (8 * 4 + 8 + 4 + 8)
+    assert [i for i, _ in top_k(matrix, matrix.matrix[3], 1, 0.0, 0.0)] == [3]
