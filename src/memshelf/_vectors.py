@@ -179,19 +179,20 @@ class VectorMatrix:
         return int(self._keys[self.size - 1]) if self.size else -1
 
     @classmethod
-    def build(cls, model: str, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]
-              ) -> VectorMatrix:
-        """rows: (key, blob, confidence, expires_at) as the backend stores them, in key order."""
+    def build(cls, model: str, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None],
+              compact: bool = True) -> VectorMatrix:
+        """rows: (key, blob, confidence, expires_at) as the backend stores them, in key order. compact=False: no
+        int8 copy (a matrix scanned once would spend more on making it than the copy saves)."""
         width = len(rows[0][1]) // 4 if rows else 0
-        compact, scales = _compact_buffers(len(rows), width) if _kernel is not None else (None, None)
-        return cls(model, 0, *_buffers(len(rows), width), _compact=compact, _scales=scales)._written(rows, parse_time)
+        rows8, scales = _compact_buffers(len(rows), width) if compact and _kernel is not None else (None, None)
+        return cls(model, 0, *_buffers(len(rows), width), _compact=rows8, _scales=scales)._written(rows, parse_time)
 
     def extended(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
         """This matrix plus `rows` (keys above last_key)."""
         if not rows:
             return self
         if self.size == 0:  # nothing to keep, and an empty matrix does not know the width yet
-            return VectorMatrix.build(self.model, rows, parse_time)
+            return VectorMatrix.build(self.model, rows, parse_time, compact=self._compact is not None)
         needed = self.size + len(rows)
         if needed <= self.capacity:
             return self._written(rows, parse_time)

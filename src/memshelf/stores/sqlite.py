@@ -597,7 +597,7 @@ class SQLiteStore(SQLRecords):
         """The owner's vectors of `model` that a view of the past sees, read now, not cached."""
         seen, at = view_condition(view, ts)
         rows = self._with_pieces(owner, model, "m.pk, m.embedding, m.confidence, m.expires_at", seen, at)
-        return VectorMatrix.build(model, rows, parse_ts)
+        return VectorMatrix.build(model, rows, parse_ts, compact=False)
 
     def _with_pieces(self, owner: Owner, model: str, columns: str, where: str, params: tuple) -> list[Sequence]:
         """`columns` (the first the key, the second the vector) of the owner's memories with vectors of `model` and
