@@ -112,6 +112,8 @@ def test_keys(tmp_path):
     (["search", "printer", "--limit", "0"], "limit"),
     (["search", "printer", "--mode", "semantic"], "needs an embedder"),
     (["forget", "m_0000"], "no memory"),
+    (["forget-message", "msg_0123456789abcdef"], "list them with `memshelf messages`"),
+    (["forget-message", "m_0000"], "list them with `memshelf messages`"),
     (["import", "/nonexistent/file.jsonl"], "cannot read"),
     (["backfill"], "needs an embedder"),
     (["learn"], "--thread"),
@@ -133,7 +135,7 @@ def test_missing_owner_says_what_to_do(tmp_path):
 def test_every_command_has_help(tmp_path):
     names = ["remember", "search", "context", "prompt", "facts", "set-fact", "forget", "forget-user", "purge",
              "export", "import", "backfill", "migrate", "serve", "mcp", "demo", "keys", "log", "messages", "learn",
-             "forget-thread", "list", "get", "forget-fact", "forget-tenant", "stats", "users"]
+             "forget-thread", "forget-message", "list", "get", "forget-fact", "forget-tenant", "stats", "users"]
     for name in names:
         proc = ok(tmp_path, name, "--help")
         assert "Usage" in proc.stdout and len(proc.stdout) > 100, name

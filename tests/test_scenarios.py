@@ -1,6 +1,7 @@
 """The assistant's loop, in the order assistants call it, through every face on both backends.
 
-One scenario (`assistant_loop`) is written once and driven through small adapters: the library (Shelf), the CLI
+Two scenarios (`assistant_loop`, and `curation_loop`: confirm, expiry, erasing a logged turn) are written once
+and driven through small adapters: the library (Shelf), the CLI
 (a real `memshelf` process per verb), the HTTP API (a real uvicorn server on loopback) and MCP (a real
 `python -m memshelf.mcp` process over stdio, and streamable HTTP at /mcp of the real server). Each runs on a SQLite
 file and on the real PostgreSQL, keyword-only and, where it matters, with the real embedding model: the
@@ -13,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
@@ -46,11 +48,18 @@ class Face(Protocol):
 
     def recall(self, question: str) -> Recalled: ...
     def context(self, question: str) -> str: ...
-    def remember(self, topic: str, content: str) -> str: ...
+    def remember(self, topic: str, content: str, source: str = "stated") -> str: ...
     def set_fact(self, key: str, value: str) -> None: ...
     def facts(self) -> list[tuple[str, str]]: ...
     def forget(self, memory_id: str) -> None: ...
     def erase_user(self) -> None: ...
+    def confirm(self, memory_id: str) -> None: ...
+    def set_expiry(self, memory_id: str, ttl: float | None) -> bool:
+        """Whether the memory now has an expiry."""
+    def log(self, thread: str, content: str) -> str:
+        """The user's turn, logged; its id."""
+    def messages(self, thread: str) -> list[str]: ...
+    def forget_message(self, message_id: str) -> None: ...
 
 
 def assistant_loop(face: Face) -> None:
@@ -80,6 +89,34 @@ def assistant_loop(face: Face) -> None:
     assert face.recall("東京の事務所は何階ですか")[0] == (1.0, TOKYO)
 
 
+def curation_loop(face: Face) -> None:
+    """What keeps a memory right, in the order an assistant meets it: a guess recalled below what the user said,
+    then confirmed by the user; a memory kept for good, then for a moment, then gone; a logged turn the user wants
+    erased."""
+    guess = face.remember(TOPIC, STATEMENT, source="inferred")
+    assert face.recall(QUESTION) == [(0.4, STATEMENT)]
+    face.confirm(guess)
+    assert face.recall(QUESTION) == [(1.0, STATEMENT)]
+
+    assert face.set_expiry(guess, None) is False
+    assert face.set_expiry(guess, 0.5) is True
+    assert eventually(lambda: face.recall(QUESTION) == [])  # expired: gone from search at once, purged later
+
+    said = face.log("chat", "Please forget that I mentioned my landlord.")
+    assert face.messages("chat") == ["Please forget that I mentioned my landlord."]
+    face.forget_message(said)
+    assert face.messages("chat") == []
+
+
+def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def assert_prompt(face: Face, *, facts: bool, knowledge: bool) -> None:
     """The exact prompt (spec 000's layout) where the face builds one; else the facts a prompt would carry."""
     if face.prompt is None:
@@ -104,8 +141,8 @@ class LibraryFace:
     def context(self, question: str) -> str:
         return self.shelf.context(KALEB, question)
 
-    def remember(self, topic: str, content: str) -> str:
-        return self.shelf.remember(KALEB, topic, content).id
+    def remember(self, topic: str, content: str, source: str = "stated") -> str:
+        return self.shelf.remember(KALEB, topic, content, source=source).id
 
     def set_fact(self, key: str, value: str) -> None:
         self.shelf.set_fact(KALEB, key, value)
@@ -118,6 +155,21 @@ class LibraryFace:
 
     def erase_user(self) -> None:
         self.shelf.forget_user(KALEB)
+
+    def confirm(self, memory_id: str) -> None:
+        self.shelf.confirm(KALEB, memory_id)
+
+    def set_expiry(self, memory_id: str, ttl: float | None) -> bool:
+        return self.shelf.set_expiry(KALEB, memory_id, ttl=ttl).expires_at is not None
+
+    def log(self, thread: str, content: str) -> str:
+        return self.shelf.log_message(KALEB, thread, "user", content).id
+
+    def messages(self, thread: str) -> list[str]:
+        return [m.content for m in self.shelf.messages(KALEB, thread)]
+
+    def forget_message(self, message_id: str) -> None:
+        self.shelf.forget_message(KALEB, message_id)
 
 
 class CliFace:
@@ -152,8 +204,8 @@ class CliFace:
     def context(self, question: str) -> str:
         return self._printed("context", question)
 
-    def remember(self, topic: str, content: str) -> str:
-        return str(self._json("remember", topic, content)["id"])
+    def remember(self, topic: str, content: str, source: str = "stated") -> str:
+        return str(self._json("remember", topic, content, "--source", source)["id"])
 
     def set_fact(self, key: str, value: str) -> None:
         self._run("set-fact", key, value)
@@ -166,6 +218,22 @@ class CliFace:
 
     def erase_user(self) -> None:
         self._run("forget-user", "--yes")
+
+    def confirm(self, memory_id: str) -> None:
+        self._run("confirm", memory_id)
+
+    def set_expiry(self, memory_id: str, ttl: float | None) -> bool:
+        changed = self._json("expire", memory_id, *(("--never",) if ttl is None else ("--ttl", str(ttl))))
+        return changed["expires_at"] is not None
+
+    def log(self, thread: str, content: str) -> str:
+        return str(self._json("log", thread, "user", content)["id"])
+
+    def messages(self, thread: str) -> list[str]:
+        return [m["content"] for m in self._json("messages", thread)]
+
+    def forget_message(self, message_id: str) -> None:
+        self._run("forget-message", message_id)
 
 
 class HttpFace:
@@ -188,8 +256,8 @@ class HttpFace:
     def context(self, question: str) -> str:
         return str(self._post("context", {"question": question})["context"])
 
-    def remember(self, topic: str, content: str) -> str:
-        return str(self._post("memories", {"topic": topic, "content": content})["id"])
+    def remember(self, topic: str, content: str, source: str = "stated") -> str:
+        return str(self._post("memories", {"topic": topic, "content": content, "source": source})["id"])
 
     def set_fact(self, key: str, value: str) -> None:
         assert self.client.put(f"{self.base}/facts/{key}", json={"value": value}).status_code == 200
@@ -206,6 +274,27 @@ class HttpFace:
     def erase_user(self) -> None:
         response = self.client.delete(self.base)
         assert response.status_code == 200, response.text
+
+    def confirm(self, memory_id: str) -> None:
+        self._post(f"memories/{memory_id}/confirm", {})
+
+    def set_expiry(self, memory_id: str, ttl: float | None) -> bool:
+        response = self.client.patch(f"{self.base}/memories/{memory_id}",
+                                     json={"expires_at": None} if ttl is None else {"ttl": ttl})
+        assert response.status_code == 200, response.text
+        return response.json()["expires_at"] is not None
+
+    def log(self, thread: str, content: str) -> str:
+        return str(self._post("messages", {"thread": thread, "role": "user", "content": content})["id"])
+
+    def messages(self, thread: str) -> list[str]:
+        response = self.client.get(f"{self.base}/messages", params={"thread": thread})
+        assert response.status_code == 200, response.text
+        return [m["content"] for m in response.json()["items"]]
+
+    def forget_message(self, message_id: str) -> None:
+        response = self.client.delete(f"{self.base}/messages/{message_id}")
+        assert response.status_code == 204, response.text
 
 
 class McpFace:
@@ -230,8 +319,8 @@ class McpFace:
     def context(self, question: str) -> str:
         return str(self._call("context", question=question).structured_content["result"])
 
-    def remember(self, topic: str, content: str) -> str:
-        return str(self._call("remember", topic=topic, content=content).structured_content["id"])
+    def remember(self, topic: str, content: str, source: str = "stated") -> str:
+        return str(self._call("remember", topic=topic, content=content, source=source).structured_content["id"])
 
     def set_fact(self, key: str, value: str) -> None:
         self._call("set_fact", key=key, value=value)
@@ -244,6 +333,22 @@ class McpFace:
 
     def erase_user(self) -> None:
         self.erase()
+
+    def confirm(self, memory_id: str) -> None:
+        self._call("confirm", memory_id=memory_id)
+
+    def set_expiry(self, memory_id: str, ttl: float | None) -> bool:
+        changed = self._call("set_expiry", memory_id=memory_id, **({} if ttl is None else {"ttl_seconds": ttl}))
+        return changed.structured_content["expires_at"] is not None
+
+    def log(self, thread: str, content: str) -> str:
+        return str(self._call("log_message", thread=thread, role="user", content=content).structured_content["id"])
+
+    def messages(self, thread: str) -> list[str]:
+        return [m["content"] for m in self._call("messages", thread=thread).structured_content["messages"]]
+
+    def forget_message(self, message_id: str) -> None:
+        self._call("forget_message", message_id=message_id)
 
 
 # ---------------------------------------------------------------------------------------------- servers
@@ -363,3 +468,8 @@ def open_face(where: Callable[[str], str], model: Callable[[str], Any]) -> Itera
 @pytest.mark.parametrize("face, backend, embedder", MATRIX)
 def test_assistant_loop(open_face: Callable[[str, str, str], Face], face: str, backend: str, embedder: str) -> None:
     assistant_loop(open_face(face, backend, embedder))
+
+
+@pytest.mark.parametrize("face, backend, embedder", [case for case in MATRIX if case.values[2] == KEYWORD_ONLY])
+def test_curation_loop(open_face: Callable[[str, str, str], Face], face: str, backend: str, embedder: str) -> None:
+    curation_loop(open_face(face, backend, embedder))

@@ -415,6 +415,16 @@ def log(ctx: typer.Context, thread: str, role: str, content: str) -> None:
     _emit_json(message) if s.as_json else out.print(plain(message.id))
 
 
+@app.command("forget-message")
+def forget_message(ctx: typer.Context, message_id: str) -> None:
+    """Erase one logged turn (what was learned from it stays: forget those memories or facts too)."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        erased = shelf.forget_message(s.owner(), message_id)
+    _emit_json({"forgotten": message_id, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
+        plain(f"forgot {message_id}") + (_SCRUB_PENDING if erased.scrub_pending else ""))
+
+
 @app.command()
 def messages(ctx: typer.Context, thread: str | None = typer.Argument(None),
              limit: int = typer.Option(50, help="How many of the newest messages.")) -> None:
