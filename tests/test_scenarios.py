@@ -1,9 +1,9 @@
 """The assistant's loop, in the order assistants call it, through every face on both backends.
 
 Two scenarios (`assistant_loop`, and `curation_loop`: confirm, expiry, erasing a logged turn) are written once
-and driven through small adapters: the library (Shelf), the CLI
-(a real `memshelf` process per verb), the HTTP API (a real uvicorn server on loopback) and MCP (a real
-`python -m memshelf.mcp` process over stdio, and streamable HTTP at /mcp of the real server). Each runs on a SQLite
+and driven through small adapters: the library (Shelf), the CLI (a real `memshelf` process per verb), the HTTP API
+(a real uvicorn server on loopback) and MCP (a real `python -m memshelf.mcp` process over stdio, and streamable
+HTTP at /mcp of the real server). Each runs on a SQLite
 file and on the real PostgreSQL, keyword-only and, where it matters, with the real embedding model: the
 empty-then-remember crash of issue 9 only shows when there are vectors.
 """
