@@ -93,7 +93,7 @@ def test_no_embedder_specs_resolve_to_none(spec: str | None) -> None:
 
 
 def test_importing_the_package_registers_the_builtin_providers() -> None:
-    assert {"local", "ollama", "openai"} <= set(registered_providers())
+    assert {"local", "ollama", "openai", "static"} <= set(registered_providers())
 
 
 @pytest.mark.parametrize(
@@ -738,7 +738,6 @@ def test_a_damaged_or_disagreeing_graph_is_never_used(tmp_path: Path, monkeypatc
                                                       local_embedder: LocalEmbedder) -> None:
     from memshelf.embedders import _onnx, local
 
-    monkeypatch.setenv("MEMSHELF_CACHE_DIR", str(tmp_path))
     graph = tmp_path / "minilm.onnx"
     graph.write_bytes(b"half a file")
     older = tmp_path / "minilm-1234.onnx"  # the graph of earlier weights of the model: replaced by the new one
@@ -765,3 +764,58 @@ def test_a_process_with_the_graph_made_never_imports_torch(local_embedder: Local
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "MEMSHELF_LOCAL_RUNTIME": choice})
         assert proc.stdout.strip() == expected, (proc.stdout, proc.stderr)
+
+
+# --- the static embedder, distilled from the local model ---------------------------------------------------------
+
+def test_static_spec_builds_the_distilled_embedder_and_refuses_other_models() -> None:
+    from memshelf.embedders.static import StaticEmbedder
+
+    embedder = resolve_embedder("static")
+    assert isinstance(embedder, StaticEmbedder)
+    assert (embedder.model, embedder.dimensions) == ("static:all-MiniLM-L6-v2", 256)
+    assert embedder.model != LocalEmbedder().model  # its vectors are never compared with the model's
+    with pytest.raises(EmbedderError, match="distilled from all-MiniLM-L6-v2 only"):
+        resolve_embedder("static:nomic-embed-text")
+
+
+@pytest.mark.slow
+def test_the_static_embedder_is_distilled_once_and_finds_by_meaning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   local_embedder: LocalEmbedder) -> None:
+    from memshelf.embedders import static
+
+    monkeypatch.setattr(static, "_table", None)
+    # the local model's graph, already made this session, so only the table is distilled here
+    monkeypatch.setattr(static._onnx, "cache_dir", lambda: tmp_path)
+    embedder = static.StaticEmbedder()
+    texts = ["The office printer is on 192.168.1.40.", "Where is the printer?", "I love hiking in the Alps.",
+             "printer " * 5000]
+    vectors = embedder.embed_batch(texts)
+    assert [p.name for p in tmp_path.glob("static-*.npy")] != []
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[1] @ vectors[0] > vectors[1] @ vectors[2] + 0.1
+    assert embedder.pieces([texts[3]]) == [[texts[3]]]  # read whole, however long
+
+    monkeypatch.setattr(static, "_table", None)  # a new process: the table is read back, not distilled again
+    monkeypatch.setattr(static, "distil", lambda model_dir: pytest.fail("distilled a second time"))
+    assert np.array_equal(embedder.embed_batch(texts), vectors)
+
+    with Shelf.open(tmp_path / "memory.db", embedder="static") as shelf:
+        owner = Owner("home", "kaleb")
+        shelf.remember_many(owner, [{"topic": "network", "content": texts[0]},
+                                    {"topic": "trips", "content": "We spent a week walking in the mountains."}])
+        hits = shelf.search(owner, "Where can I print?", mode="semantic", limit=1)
+        assert [h.memory.content for h in hits] == [texts[0]]
+
+
+def test_a_damaged_static_table_is_distilled_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from memshelf.embedders import static
+
+    table = tmp_path / "table.npy"
+    table.write_bytes(b"not a numpy file")
+    made = np.ones((4, static.DIMENSIONS), dtype=np.float32)
+    monkeypatch.setattr(static, "distil", lambda model_dir: made)
+    assert np.array_equal(static._load_or_distil(table, tmp_path), made)
+    assert "could not be read" in caplog.text
+    assert np.array_equal(np.load(table), made)  # kept for the next process
