@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--db", help="SQLite file or postgresql:// URL (default MEMSHELF_DATABASE_URL/MEMSHELF_DB)")
     parser.add_argument("--tenant", help="tenant of the owner (default MEMSHELF_TENANT)")
     parser.add_argument("--user", help="user of the owner (default MEMSHELF_USER)")
-    parser.add_argument("--embedder", help="local, ollama:<model>, openai:<model> or none (default "
+    parser.add_argument("--embedder", help="local, static, ollama:<model>, openai:<model> or none (default "
                                            "MEMSHELF_EMBEDDER, else local when installed)")
     parser.add_argument("--sources", help=f"sources to declare beside stated, mined and inferred, as NAME=WORTH "
                                           f"pairs: {SOURCES_EXAMPLE} (default MEMSHELF_SOURCES)")

@@ -1,6 +1,6 @@
 """Embedders: the protocol, the registry, and the built-in providers.
 
-"local", "ollama" and "openai" are found exactly the way a user's plugin is: through entry points of the
+"local", "static", "ollama" and "openai" are found exactly the way a user's plugin is: through entry points of the
 `memshelf.embedders` group declared in memshelf's pyproject.toml, each naming the `provider` of its module.
 Nothing heavy is imported here; the local model's torch stack loads on its first use.
 """
