@@ -173,7 +173,8 @@ def _say_search_mode(shelf: Shelf) -> None:
     """Say that search is by keywords only when no embedder is set. An embedder out of reach is said once, by the
     library's warning (on stderr, as Python prints a warning no handler takes)."""
     if shelf.embedder is None:
-        err.print(dim("keyword search only: no embedder configured (--embedder local|static|ollama:MODEL|openai:MODEL)"))
+        err.print(dim("keyword search only: no embedder configured "
+                      "(--embedder local|static|ollama:MODEL|openai:MODEL)"))
 
 
 # ---------------------------------------------------------------- knowledge
