@@ -738,6 +738,7 @@ def test_a_damaged_or_disagreeing_graph_is_never_used(tmp_path: Path, monkeypatc
                                                       local_embedder: LocalEmbedder) -> None:
     from memshelf.embedders import _onnx, local
 
+    monkeypatch.setenv("MEMSHELF_CACHE_DIR", str(tmp_path))
     graph = tmp_path / "minilm.onnx"
     graph.write_bytes(b"half a file")
     older = tmp_path / "minilm-1234.onnx"  # the graph of earlier weights of the model: replaced by the new one

@@ -308,7 +308,7 @@ def test_a_name_registered_in_code_wins_over_an_entry_point(toy_site: Path, inst
 
 def test_unknown_names_list_what_is_installed(toy_site: Path, installed: Callable[[Path], None]) -> None:
     installed(toy_site)
-    with pytest.raises(EmbedderError, match="registered providers are heavy, local, ollama, openai, toy"):
+    with pytest.raises(EmbedderError, match="registered providers are heavy, local, ollama, openai, static, toy"):
         resolve_embedder("nope")
     with pytest.raises(ConfigError, match=r"no storage backend for 'nope' URLs \(known: heavy, postgres, "
                                           r"postgresql, sqlite, toy\)"):
@@ -387,7 +387,7 @@ def test_the_cli_names_the_installed_providers(toy_site: Path, tmp_path: Path) -
     env = process_env(toy_site, tmp_path / "journal")
     helped = memshelf(env, "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
-    assert "PROVIDER one of heavy, local, ollama, openai, toy; or none" in " ".join(helped.stdout.split())  # wrapped
+    assert "PROVIDER one of heavy, local, ollama, openai, static, toy; or none" in " ".join(helped.stdout.split())  # wrapped
     listed = memshelf(env, "--json", "providers", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     rows = {(row["kind"], row["name"]): row for row in json.loads(listed.stdout)}

