@@ -112,8 +112,7 @@ def no_time(value):
 def test_a_built_matrix_is_exactly_its_rows_and_an_empty_one_grows_to_any_width():
     rng = np.random.default_rng(1)
     one = VectorMatrix.build("m", rows_of(rng.standard_normal((1, 384))), no_time)
-    compact = 384 + 4 if _vectors._kernel is not None else 0  # the int8 row and its scale
-    assert (one.capacity, one.nbytes) == (1, 384 * 4 + 8 + 4 + 8 + compact)
+    assert (one.capacity, one.nbytes) == (1, 384 * 4 + 8 + 4 + 8)  # no int8 copy below COMPACT_ROWS
     empty = VectorMatrix.build("m", [], no_time)
     grown = empty.extended(rows_of(rng.standard_normal((3, 384))), no_time)
     assert (grown.size, grown.dimensions, grown.capacity) == (3, 384, 3)
@@ -179,8 +178,7 @@ def test_the_cache_stays_under_its_bound_and_evicted_owners_are_rebuilt(tmp_path
         assert own_answers(tight, people) == expected
         assert 0 < cache(tight).nbytes <= 100_000
         assert len(cache(tight)) < len(people)
-    row = 64 * 4 + 8 + 4 + 8 + (64 + 4 if _vectors._kernel is not None else 0)  # with its int8 copy, if kept
-    entry = 5 * row + ENTRY_OVERHEAD
+    entry = 5 * (64 * 4 + 8 + 4 + 8) + ENTRY_OVERHEAD
     assert len(cache(tight)) == 100_000 // entry  # full, with the most recently searched owners
     tight.remember(people[0], "note", "user0 a sixth note")  # an append to an evicted owner
     assert own_answers(tight, people[:1]) == expected[:1]
@@ -304,11 +302,11 @@ def expiry(value):
 @needs_kernel
 @pytest.mark.parametrize("pieces", [False, True])
 def test_the_int8_scan_finds_exactly_what_the_float32_scan_finds(monkeypatch, pieces):
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1)
     rng = np.random.default_rng(5)
     rows, centres = awkward_rows(rng, pieces)
     matrix = VectorMatrix.build("m", rows, expiry)
     assert matrix.compact is not None and 0 < matrix.slack < 0.05
-    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1)
     questions = [*centres, *(centres[:4] + 0.05 * rng.standard_normal((4, 64)).astype(np.float32)),
                  np.frombuffer(rows[99][1], "<f4"), np.zeros(64, np.float32)]
     asked = [(q, limit, floor) for q in questions for limit, floor in ((1, -1.0), (5, 0.0), (10, 0.3), (50, 0.9))]
@@ -320,7 +318,8 @@ def test_the_int8_scan_finds_exactly_what_the_float32_scan_finds(monkeypatch, pi
 
 
 @needs_kernel
-def test_the_int8_scores_are_within_their_bound_of_the_exact_ones():
+def test_the_int8_scores_are_within_their_bound_of_the_exact_ones(monkeypatch):
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1)
     rng = np.random.default_rng(6)
     vectors = rng.standard_normal((5000, 384)).astype(np.float32) * rng.uniform(0.01, 10, (5000, 1))
     matrix = VectorMatrix.build("m", rows_of(vectors), no_time)
@@ -339,3 +338,21 @@ def test_without_the_kernel_no_int8_copy_is_kept_and_search_still_works(monkeypa
     matrix = VectorMatrix.build("m", rows_of(rng.standard_normal((10, 8))), no_time)
     assert matrix.compact is None and matrix.nbytes == 10 * (8 * 4 + 8 + 4 + 8)
     assert [i for i, _ in top_k(matrix, matrix.matrix[3], 1, 0.0, 0.0)] == [3]
+
+
+@needs_kernel
+def test_a_matrix_gets_its_int8_copy_when_it_grows_past_the_threshold(monkeypatch):
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 300)
+    rng = np.random.default_rng(8)
+    vectors = rng.standard_normal((1000, 32)).astype(np.float32)
+    small = VectorMatrix.build("m", rows_of(vectors[:200]), no_time)
+    assert small.compact is None  # too small to be worth a copy
+    within = small.extended(rows_of(vectors[200:250], first_key=201), no_time)
+    assert within.compact is None
+    grown = within.extended(rows_of(vectors[250:], first_key=251), no_time)
+    rows8, scales = grown.compact
+    assert rows8.shape == (1000, 32) and 0 < grown.slack < 0.2
+    assert np.abs(rows8 * scales[:, None] - grown.matrix).max() <= grown.slack  # the first 250 rows too
+    built = VectorMatrix.build("m", rows_of(vectors), no_time)
+    questions = rng.standard_normal((20, 32)).astype(np.float32)
+    assert [top_k(grown, q, 10, -1.0, 0.0) for q in questions] == [top_k(built, q, 10, -1.0, 0.0) for q in questions]

@@ -8,6 +8,7 @@ the result is the float32 scan's: the same memories, the same scores, in the sam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -62,8 +63,8 @@ def _cosines(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 COMPACT_ROWS = 8_192
-"""From this many rows a search scans the int8 copy first (where there is one). Below it the float32 scan costs a
-few hundred microseconds and the second pass would eat what the first saves."""
+"""From this many rows a matrix keeps an int8 copy, and a search scans it first. Below it the float32 scan costs a
+few hundred microseconds, the second pass would eat what the first saves, and the copy would only take memory."""
 ROUNDING = 1e-4
 """Added to the int8 bound for float32's own rounding: a 384-term float32 dot product is off by at most about
 2e-5, and the scaled int8 scores by less."""
@@ -184,7 +185,8 @@ class VectorMatrix:
         """rows: (key, blob, confidence, expires_at) as the backend stores them, in key order. compact=False: no
         int8 copy (a matrix scanned once would spend more on making it than the copy saves)."""
         width = len(rows[0][1]) // 4 if rows else 0
-        rows8, scales = _compact_buffers(len(rows), width) if compact and _kernel is not None else (None, None)
+        keep = compact and _kernel is not None and len(rows) >= COMPACT_ROWS
+        rows8, scales = _compact_buffers(len(rows), width) if keep else (None, None)
         return cls(model, 0, *_buffers(len(rows), width), _compact=rows8, _scales=scales)._written(rows, parse_time)
 
     def extended(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
@@ -192,16 +194,25 @@ class VectorMatrix:
         if not rows:
             return self
         if self.size == 0:  # nothing to keep, and an empty matrix does not know the width yet
-            return VectorMatrix.build(self.model, rows, parse_time, compact=self._compact is not None)
+            return VectorMatrix.build(self.model, rows, parse_time)
         needed = self.size + len(rows)
-        if needed <= self.capacity:
+        crossing = self._compact is None and _kernel is not None and needed >= COMPACT_ROWS
+        if needed <= self.capacity and not crossing:
             return self._written(rows, parse_time)
-        capacity = needed + needed // GROWTH
-        compact, scales = _compact_buffers(capacity, self.dimensions) if self._compact is not None else (None, None)
+        capacity = max(self.capacity, needed + needed // GROWTH)
+        keep = self._compact is not None or crossing
+        compact, scales = _compact_buffers(capacity, self.dimensions) if keep else (None, None)
         grown = VectorMatrix(self.model, self.size, *_buffers(capacity, self.dimensions), self.repeats, compact,
                              scales, self.slack)
         for old, new in zip(self._arrays(), grown._arrays()):
             new[:self.size] = old[:self.size]
+        if crossing and compact is not None and scales is not None:  # the rows so far get their int8 copy now
+            slack = grown.slack
+            for start in range(0, self.size, WRITE_CHUNK):
+                end = min(self.size, start + WRITE_CHUNK)
+                scales[start:end], error = _quantized(grown._matrix[start:end], compact[start:end])
+                slack = max(slack, error)
+            grown = dataclasses.replace(grown, slack=slack)
         return grown._written(rows, parse_time)
 
     def _written(self, rows: Sequence[Sequence], parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
@@ -318,8 +329,8 @@ def _exact(vm: VectorMatrix, q: np.ndarray, picked: np.ndarray, firsts: np.ndarr
 
 CACHE_ENV = "MEMSHELF_VECTOR_CACHE_MB"
 CACHE_MB_DEFAULT = 1024
-"""Room for about 550,000 vectors of 384 dimensions (or 140,000 of 1,536) across all owners of one store, each
-with its int8 copy (690,000 and 170,000 without one)."""
+"""Room for about 690,000 vectors of 384 dimensions (or 170,000 of 1,536) across all owners of one store; about
+550,000 (140,000) where owners are big enough for int8 copies (COMPACT_ROWS)."""
 ENTRY_OVERHEAD = 1024
 """Bytes an entry costs besides its buffers (its key, the entry and four array headers), so that many owners with
 few or no vectors count against the bound too."""
