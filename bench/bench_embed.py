@@ -25,6 +25,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,14 @@ def texts_and_questions(path: Path, texts: int, queries: int) -> tuple[list[str]
 def child(runtime: str, texts: list[str], questions: list[str]) -> dict[str, float]:
     """One runtime's timings, in a process of its own (two runtimes in one process slow each other: each keeps its
     worker threads spinning for a while after a run)."""
-    import tempfile
-
     embedder = local.LocalEmbedder()
     embedder.embed("warm up")
     assert local.runtime() == runtime, (local.runtime(), runtime)
+    return timings(embedder, texts, questions)
+
+
+def timings(embedder: Any, texts: list[str], questions: list[str]) -> dict[str, float]:
+    """One embedder's query, ingest and context() timings (it is loaded already)."""
     query = []
     for question in questions:
         began = time.perf_counter()

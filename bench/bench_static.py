@@ -18,18 +18,15 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, percentile, print_table, save_json, shared_data  # noqa: E402
-from bench_embed import texts_and_questions  # noqa: E402
+from _common import machine, print_table, save_json, shared_data  # noqa: E402
+from bench_embed import texts_and_questions, timings  # noqa: E402
 
-from memshelf import Owner, Shelf  # noqa: E402
 from memshelf.embedders.base import resolve_embedder  # noqa: E402
 
 EMBEDDERS = ("local", "static")
@@ -38,26 +35,7 @@ EMBEDDERS = ("local", "static")
 def child(spec: str, texts: list[str], questions: list[str]) -> dict[str, float]:
     embedder = resolve_embedder(spec)
     embedder.embed("warm up")  # loads the model, or reads (or distils, once per machine) the static table
-    query = []
-    for question in questions:
-        began = time.perf_counter()
-        embedder.embed_batch([question])
-        query.append((time.perf_counter() - began) * 1000)
-    owner = Owner("bench", "user")
-    with tempfile.TemporaryDirectory() as folder, Shelf.open(str(Path(folder) / "memory.db"),
-                                                              embedder=embedder) as shelf:
-        began = time.perf_counter()
-        shelf.remember_many(owner, [{"topic": "conversation", "content": text} for text in texts])
-        ingest = len(texts) / (time.perf_counter() - began)
-        shelf.context(owner, questions[0])  # the owner's vectors are read once
-        context = []
-        for question in questions:
-            began = time.perf_counter()
-            shelf.context(owner, question)
-            context.append((time.perf_counter() - began) * 1000)
-    return {"query_p50_ms": percentile(query, 50), "query_p95_ms": percentile(query, 95),
-            "context_p50_ms": percentile(context, 50), "context_p95_ms": percentile(context, 95),
-            "ingest_texts_per_s": ingest}
+    return timings(embedder, texts, questions)
 
 
 def main() -> None:

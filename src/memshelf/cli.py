@@ -361,8 +361,13 @@ def forget(ctx: typer.Context, memory_id: str) -> None:
     s = _settings(ctx)
     with _shelf(ctx) as shelf:
         erased = shelf.forget(s.owner(), memory_id)
-    _emit_json({"forgotten": memory_id, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
-        plain(f"forgot {memory_id}") + (_SCRUB_PENDING if erased.scrub_pending else ""))
+    _print_forgotten(s, memory_id, erased)
+
+
+def _print_forgotten(s: Settings, forgotten: str, erased: Erased, what: str | None = None) -> None:
+    """What one forget-* command erased: {"forgotten", "scrub_pending"} with --json, else a line saying so."""
+    _emit_json({"forgotten": forgotten, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
+        plain(f"forgot {what or forgotten}") + (_SCRUB_PENDING if erased.scrub_pending else ""))
 
 
 # ---------------------------------------------------------------- facts and messages
@@ -403,8 +408,7 @@ def forget_fact(ctx: typer.Context, key: str) -> None:
     s = _settings(ctx)
     with _shelf(ctx, embedder=None) as shelf:
         erased = shelf.forget_fact(s.owner(), key)
-    _emit_json({"forgotten": key, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
-        plain(f"forgot the fact {key} and its history") + (_SCRUB_PENDING if erased.scrub_pending else ""))
+    _print_forgotten(s, key, erased, f"the fact {key} and its history")
 
 
 @app.command()
@@ -422,8 +426,7 @@ def forget_message(ctx: typer.Context, message_id: str) -> None:
     s = _settings(ctx)
     with _shelf(ctx, embedder=None) as shelf:
         erased = shelf.forget_message(s.owner(), message_id)
-    _emit_json({"forgotten": message_id, "scrub_pending": erased.scrub_pending}) if s.as_json else out.print(
-        plain(f"forgot {message_id}") + (_SCRUB_PENDING if erased.scrub_pending else ""))
+    _print_forgotten(s, message_id, erased)
 
 
 @app.command()
