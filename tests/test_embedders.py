@@ -820,3 +820,14 @@ def test_a_damaged_static_table_is_distilled_again(tmp_path: Path, monkeypatch: 
     assert np.array_equal(static._load_or_distil(table, tmp_path), made)
     assert "could not be read" in caplog.text
     assert np.array_equal(np.load(table), made)  # kept for the next process
+
+
+@pytest.mark.slow
+def test_the_static_table_is_the_same_from_torch_and_from_the_onnx_graph(monkeypatch: pytest.MonkeyPatch,
+                                                                          local_embedder: LocalEmbedder) -> None:
+    from memshelf.embedders import local, static
+
+    onnx = static._pooled_pieces(64, 101, 102)  # the first 64 word pieces, between [CLS] and [SEP]
+    monkeypatch.setattr(local, "_shared_onnx", lambda: None)  # a machine where the graph cannot be made
+    torch = static._pooled_pieces(64, 101, 102)
+    assert onnx.shape == (64, 384) and float(np.abs(onnx - torch).max()) < 1e-4
