@@ -387,7 +387,8 @@ def test_the_cli_names_the_installed_providers(toy_site: Path, tmp_path: Path) -
     env = process_env(toy_site, tmp_path / "journal")
     helped = memshelf(env, "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
-    assert "PROVIDER one of heavy, local, ollama, openai, static, toy; or none" in " ".join(helped.stdout.split())  # wrapped
+    wanted = "PROVIDER one of heavy, local, ollama, openai, static, toy; or none"
+    assert wanted in " ".join(helped.stdout.split())  # wrapped
     listed = memshelf(env, "--json", "providers", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     rows = {(row["kind"], row["name"]): row for row in json.loads(listed.stdout)}
