@@ -18,7 +18,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,24 +119,32 @@ def distil(model_dir: Path) -> np.ndarray:
 
 def _pooled_pieces(size: int, cls: int, sep: int) -> np.ndarray:
     """Mean-pooled hidden states of [CLS] piece [SEP] for every piece id, from the ONNX graph or torch."""
+    hidden_states = _hidden_states()
     out = np.empty((size, local.DIMENSIONS), dtype=np.float32)
-    onnx = local._shared_onnx()
     for start in range(0, size, DISTIL_BATCH):
         pieces = np.arange(start, min(size, start + DISTIL_BATCH), dtype=np.int64)
         ids = np.stack([np.full_like(pieces, cls), pieces, np.full_like(pieces, sep)], axis=1)
-        mask = np.ones_like(ids)
-        if onnx is not None:
-            states = onnx.session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                             "token_type_ids": np.zeros_like(ids)})[0]
-        else:
-            import torch
-
-            transformer: Any = local._shared_model()[0].auto_model
-            with torch.inference_mode():
-                states = transformer(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
-                                     ).last_hidden_state.numpy()
-        out[start:start + len(pieces)] = states.mean(axis=1)
+        out[start:start + len(pieces)] = hidden_states(ids).mean(axis=1)
     return out
+
+
+def _hidden_states() -> Callable[[np.ndarray], np.ndarray]:
+    """The model's last hidden states for a batch of unpadded id rows: the ONNX graph when the machine has it,
+    else the torch model."""
+    onnx = local._shared_onnx()
+    if onnx is not None:
+        session = onnx.session
+        return lambda ids: session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                              "token_type_ids": np.zeros_like(ids)})[0]
+    import torch
+
+    transformer: Any = local._shared_model()[0].auto_model
+
+    def run(ids: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            tensor = torch.from_numpy(ids)
+            return transformer(input_ids=tensor, attention_mask=torch.ones_like(tensor)).last_hidden_state.numpy()
+    return run
 
 
 class StaticEmbedder(Embedder):
