@@ -8,7 +8,9 @@ For each size N (one owner, one SQLite file):
   * queries: centre + noise of a random cluster, asked with shelf.search(owner, q, mode="semantic", limit=5,
     floor=F) through an embedder that returns the pre-computed query vector, so the query's own embedding time is
     excluded (the timed path: keywords(), the generation check, numpy top_k, fetching the 5 rows);
-  * the first query after opening the file (matrix load from SQLite) is timed separately, on a fresh Shelf each time;
+  * the first query after opening the file is timed separately, on a fresh Shelf each time: with vector files off
+    (the owner's matrix is read from SQLite), on the first open with them on (read, and the file written), and on
+    later opens (the file mapped); the answers of the first and the last are compared;
   * the spec 002 semantic_search() loop (cosine() and unpack() verbatim, the same floor and limit) over the same
     rows through the standard sqlite3 module, for fewer queries (it takes ~0.25 s per query per 10k rows).
 
@@ -41,6 +43,7 @@ from _common import TextGenerator, database_dir, fmt_ms, machine, print_table, s
 
 from memshelf import Owner, Shelf, _vectors  # noqa: E402
 from memshelf.embedders.base import Embedder  # noqa: E402
+from memshelf.stores import _sqlite_vector_files as vector_files  # noqa: E402
 
 OWNER = Owner("bench", "one-user")
 DIM = 384
@@ -104,6 +107,14 @@ def clustered(n: int, rng: np.random.Generator, centres: np.ndarray, noise: floa
     return (centres[which] + noise * rng.standard_normal((n, DIM), dtype=np.float32)).astype(np.float32)
 
 
+def restore_files(setting: str | None) -> None:
+    """MEMSHELF_VECTOR_FILES as it was before the bench changed it."""
+    if setting is None:
+        os.environ.pop(vector_files.FILES_ENV, None)
+    else:
+        os.environ[vector_files.FILES_ENV] = setting
+
+
 def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
     path = db_dir / f"bench_semantic_{n}.db"
     for suffix in ("", "-wal", "-shm"):
@@ -130,25 +141,41 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
         embedder.next_query = q
         return s.search(OWNER, "what about it", mode="semantic", limit=LIMIT, floor=args.floor)
 
-    # first query on a freshly opened file: the owner's matrix is loaded from SQLite (OS page cache warm)
-    first, second = [], []
-    for i in range(args.first_runs):
+    # first query on a freshly opened file (OS page cache warm), three ways: with vector files off, the owner's
+    # matrix is read from SQLite; the first open with them on also writes the owner's file; later opens map it.
+    def first_query(files: str, i: int) -> tuple[float, float, list]:
+        os.environ[vector_files.FILES_ENV] = files
         s = fresh()
         a = time.perf_counter()
-        ask(s, queries[i])
+        found = ask(s, queries[i])
         b = time.perf_counter()
         ask(s, queries[i + 1])
         c = time.perf_counter()
-        first.append(b - a)
-        second.append(c - b)
         s.close()
+        return b - a, c - b, [(h.memory.id, h.score) for h in found]
+
+    files_before = os.environ.get(vector_files.FILES_ENV)
+    first_query("off", 0)  # the first open after the build is slower whatever it does (the new file's pages)
+    writing = first_query("on", 0)[0]
+    first, second, mapped, mapped_differ = [], [], [], 0
+    for i in range(args.first_runs):
+        read_s, second_s, read_found = first_query("off", i)
+        map_s, _, map_found = first_query("on", i)
+        first.append(read_s)
+        second.append(second_s)
+        mapped.append(map_s)
+        mapped_differ += read_found != map_found
+    restore_files(files_before)
 
     shelf = fresh()
     for q in queries[:10]:
         ask(shelf, q)  # warm
     # The same file scanned in float32 only (the matrix built without its int8 copy), query by query in turn with
-    # the shipped scan: the same-run baseline of the int8 first pass, and a check that both find the same.
+    # the shipped scan: the same-run baseline of the int8 first pass, and a check that both find the same. Built
+    # from SQLite (vector files off: the owner's file holds the int8 copy).
+    os.environ[vector_files.FILES_ENV] = "off"
     plain = fresh()
+    restore_files(files_before)
     kernel, _vectors._kernel = _vectors._kernel, None
     ask(plain, queries[0])
     _vectors._kernel = kernel
@@ -195,6 +222,8 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
         "semantic": ours_s, "semantic_same_queries": summarize_ms(ours_same),
         "float32_only": summarize_ms(plain_times), "float32_only_differs": differ, "int8_kernel": kernel is not None,
         "first_query": summarize_ms(first), "second_query": summarize_ms(second),
+        "first_query_writing_file": writing * 1e3, "first_query_mapped": summarize_ms(mapped),
+        "mapped_differs": mapped_differ,
         "spec_loop": spec_s, "spec_queries": spec_n, "same_top5": f"{agree}/{spec_n}",
         "ratio_p50": spec_s["p50_ms"] / ours_s["p50_ms"],
         "ratio_p50_same_queries": spec_s["p50_ms"] / summarize_ms(ours_same)["p50_ms"],
@@ -299,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
                 [[f"{r['size']:,}", fmt_ms(r["semantic"]["p50_ms"]), fmt_ms(r["semantic"]["p95_ms"]),
                   r["semantic"]["n"], fmt_ms(r["first_query"]["p50_ms"]), fmt_ms(r["second_query"]["p50_ms"]),
                   fmt_ms(r["spec_loop"]["p50_ms"]), r["spec_queries"], r["same_top5"], f"{r['ratio_p50']:,.0f}x"]
+                 for r in results])
+    print_table("the first query after opening the file (ms, p50 of the fresh opens; query embedding excluded)",
+                ["memories", "vectors read from SQLite", "first open, writing the vector file", "vector file mapped",
+                 "read / mapped", "answers that differ"],
+                [[f"{r['size']:,}", fmt_ms(r["first_query"]["p50_ms"]), fmt_ms(r["first_query_writing_file"]),
+                  fmt_ms(r["first_query_mapped"]["p50_ms"]),
+                  f"{r['first_query']['p50_ms'] / r['first_query_mapped']['p50_ms']:.0f}x", r["mapped_differs"]]
                  for r in results])
     print_table("loading", ["memories", "remember_many rows/s (pre-computed vectors)", "file MB"],
                 [[f"{r['size']:,}", f"{r['build_rows_per_second']:,.0f}", f"{r['db_bytes'] / 1e6:,.0f}"]

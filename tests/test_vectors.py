@@ -356,3 +356,139 @@ def test_a_matrix_gets_its_int8_copy_when_it_grows_past_the_threshold(monkeypatc
     built = VectorMatrix.build("m", rows_of(vectors), no_time)
     questions = rng.standard_normal((20, 32)).astype(np.float32)
     assert [top_k(grown, q, 10, -1.0, 0.0) for q in questions] == [top_k(built, q, 10, -1.0, 0.0) for q in questions]
+
+
+# ---------------------------------------------------------------- vector files beside a SQLite file
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_saved_matrix_maps_back_to_the_same_rows_and_answers(tmp_path, monkeypatch, compact):
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1 if compact else 10**9)
+    rows, centres = awkward_rows(np.random.default_rng(8), pieces=True)
+    built = VectorMatrix.build("m", rows, expiry)
+    assert (built.compact is not None) == (compact and _vectors._kernel is not None)
+    built.save(tmp_path / "owner.vec", {"generation": 7})
+    mapped, header = VectorMatrix.mapped(tmp_path / "owner.vec")
+    assert header["generation"] == 7 and (mapped.model, mapped.size, mapped.repeats) == ("m", 3000, built.repeats)
+    assert isinstance(mapped.matrix, np.memmap)  # mapped, not read
+    for ours, theirs in zip(mapped._arrays(), built._arrays()):
+        assert np.array_equal(ours[:mapped.size], theirs[:built.size])
+    assert [top_k(mapped, q, 10, 0.0, now=1e9) for q in centres] == [top_k(built, q, 10, 0.0, now=1e9) for q in centres]
+    grown = mapped.extended(rows_of(centres, first_key=5000), no_time)  # no spare room: copied into memory
+    assert grown.size == 3008 and not isinstance(grown.matrix, np.memmap)
+
+    data = (tmp_path / "owner.vec").read_bytes()
+    (tmp_path / "cut.vec").write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match="cut short"):
+        VectorMatrix.mapped(tmp_path / "cut.vec")
+
+
+@pytest.fixture
+def small_files(monkeypatch):
+    """Vector files for owners of 20 rows or more (the shipped threshold is thousands)."""
+    from memshelf.stores import _sqlite_vector_files
+
+    monkeypatch.setattr(_sqlite_vector_files, "SAVED_ROWS", 20)
+    monkeypatch.delenv(_sqlite_vector_files.FILES_ENV, raising=False)
+    return _sqlite_vector_files
+
+
+def vector_files(path) -> list[str]:
+    folder = path.with_name(path.name + "-vectors")
+    return sorted(p.name for p in folder.iterdir() if p.name != ".lock") if folder.exists() else []
+
+
+def first_answers(path, monkeypatch, files: str) -> tuple[list[list[str]], list[int]]:
+    """Each owner's answers from a newly opened store, and the `after` keys it read vector rows from SQLite with."""
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", files)
+    reads: list[int] = []
+    original = SQLiteStore._vector_rows
+    monkeypatch.setattr(SQLiteStore, "_vector_rows", lambda self, owner, model, after:
+                        reads.append(after) or original(self, owner, model, after))
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    try:
+        return own_answers(shelf, [KALEB, MAYA]), reads
+    finally:
+        shelf.close()
+        monkeypatch.setattr(SQLiteStore, "_vector_rows", original)
+
+
+def fill(path, per_owner: int = 30) -> None:
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    for owner in (KALEB, MAYA):
+        shelf.remember_many(owner, [{"topic": "note", "content": f"{owner.user} note {j} about item{j}"}
+                                    for j in range(per_owner)])
+    shelf.close()
+
+
+def test_a_reopened_store_answers_its_first_search_from_the_vector_files(tmp_path, monkeypatch, small_files):
+    path = tmp_path / "memory.db"
+    fill(path)
+    expected, reads = first_answers(path, monkeypatch, "off")
+    assert reads == [-1, -1] and vector_files(path) == []  # off: every vector read from SQLite, no files
+    assert expected[0][0] == "kaleb note 3 about item3"
+    assert first_answers(path, monkeypatch, "on") == (expected, [-1, -1])  # read, and the files written
+    assert len(vector_files(path)) == 2 and all(name.endswith(".vec") for name in vector_files(path))
+    answers, reads = first_answers(path, monkeypatch, "on")
+    assert answers == expected and reads != [-1, -1]  # only the rows after each file's last one
+
+    shelf = Shelf.open(path, embedder=HashEmbedder())  # a memory added after the file is found too
+    shelf.remember(KALEB, "note", "kaleb a newer note about item3")
+    shelf.close()
+    answers, reads = first_answers(path, monkeypatch, "on")
+    assert "kaleb a newer note about item3" in answers[0] and -1 not in reads
+
+
+def test_forgetting_a_memory_removes_the_tenants_vector_files_and_a_stale_one_is_never_used(
+        tmp_path, monkeypatch, small_files):
+    path = tmp_path / "memory.db"
+    fill(path)
+    first_answers(path, monkeypatch, "on")
+    folder = path.with_name(path.name + "-vectors")
+    kept = {name: (folder / name).read_bytes() for name in vector_files(path)}
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    gone = shelf.search(KALEB, "kaleb note 3 about item3", mode="semantic", limit=1)[0].memory
+    shelf.forget(KALEB, gone.id)
+    assert vector_files(path) == []  # the forgotten memory's vector left the disk with its row
+    shelf.close()
+
+    for name, data in kept.items():  # files from before the forget, as if a crash had kept them
+        (folder / name).write_bytes(data)
+    answers, reads = first_answers(path, monkeypatch, "on")
+    assert gone.content not in answers[0]
+    assert reads[0] == -1 and reads[1] > 0  # Kaleb's file is a generation old: read again; Maya's still holds
+    assert len(vector_files(path)) == 2  # and Kaleb's written again
+
+
+def test_a_file_whose_last_row_is_gone_is_not_used(tmp_path, monkeypatch, small_files):
+    path = tmp_path / "memory.db"
+    fill(path)
+    first_answers(path, monkeypatch, "on")
+    folder = path.with_name(path.name + "-vectors")
+    kept = {name: (folder / name).read_bytes() for name in vector_files(path)}
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    shelf.forget_user(KALEB)  # the owner starts again at generation 0, with other rows
+    assert vector_files(path) == []
+    shelf.remember_many(KALEB, [{"topic": "note", "content": f"kaleb fresh start {j}"} for j in range(25)])
+    shelf.close()
+    for name, data in kept.items():
+        (folder / name).write_bytes(data)
+    answers, _ = first_answers(path, monkeypatch, "on")
+    assert all(text.startswith("kaleb fresh start") for text in answers[0])
+
+
+def test_a_damaged_vector_file_is_read_again_from_the_database(tmp_path, monkeypatch, small_files, caplog):
+    path = tmp_path / "memory.db"
+    fill(path)
+    expected, _ = first_answers(path, monkeypatch, "on")
+    folder = path.with_name(path.name + "-vectors")
+    for name in vector_files(path):
+        (folder / name).write_bytes(b"not a vector file")
+    with caplog.at_level("WARNING", logger="memshelf"):
+        assert first_answers(path, monkeypatch, "on") == (expected, [-1, -1])
+    assert "ignoring the vector file" in caplog.text
+    assert len(vector_files(path)) == 2 and all((folder / n).stat().st_size > 1000 for n in vector_files(path))
+
+
+def test_vector_files_can_be_turned_off_and_a_bad_setting_says_what_to_write(tmp_path, monkeypatch, small_files):
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "sometimes")
+    with pytest.raises(ConfigError, match="on or off"):
+        Shelf.open(tmp_path / "memory.db", embedder=HashEmbedder())

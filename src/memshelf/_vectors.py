@@ -9,6 +9,7 @@ the result is the float32 scan's: the same memories, the same scores, in the sam
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import threading
@@ -16,6 +17,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -243,6 +245,59 @@ class VectorMatrix:
         repeats = self.repeats + int(np.count_nonzero(keys == before))
         return VectorMatrix(self.model, end, self._keys, self._matrix, self._confidence, self._expires, repeats,
                             self._compact, self._scales, slack)
+
+
+    def save(self, path: Path, stamp: dict[str, Any]) -> None:
+        """Write the rows to `path` as `mapped` reads them back: numpy arrays one after the other, the first a JSON
+        header (the model, `repeats`, `slack`, a format version, and `stamp`, which the caller checks on reading)."""
+        header = {"version": SAVED_VERSION, "model": self.model, "repeats": self.repeats, "slack": self.slack, **stamp}
+        arrays = [np.frombuffer(json.dumps(header).encode(), np.uint8), self.keys, self.matrix, self.confidence,
+                  self.expires, *(self.compact or ())]
+        with open(path, "wb") as handle:
+            for array in arrays:
+                np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+
+    @classmethod
+    def mapped(cls, path: Path) -> tuple[VectorMatrix, dict[str, Any]]:
+        """A matrix written by `save`, its buffers mapped from the file rather than read (pages come in as a scan
+        touches them), and the header. It has no spare room: appending copies it into memory. ValueError or
+        OSError when the file is not one `save` wrote whole."""
+        arrays = _mapped_arrays(path)
+        header = json.loads(bytes(arrays[0]))
+        if header.get("version") != SAVED_VERSION or len(arrays) not in (5, 7):
+            raise ValueError(f"{path} is not a vector file of version {SAVED_VERSION}")
+        keys, matrix, confidence, expires, *compact = arrays[1:]
+        size = len(keys)
+        if matrix.ndim != 2 or any(len(a) != size for a in (matrix, confidence, expires, *compact)):
+            raise ValueError(f"{path} holds arrays of different lengths")
+        rows8, scales = compact if compact else (None, None)
+        return cls(header["model"], size, keys, matrix, confidence, expires, header["repeats"], rows8, scales,
+                   header["slack"]), header
+
+
+SAVED_VERSION = 1
+"""The layout `VectorMatrix.save` writes; a file of another version is not read."""
+
+
+def _mapped_arrays(path: Path) -> list[np.ndarray]:
+    """The .npy arrays stored one after the other in `path`, each mapped read-only (an empty one in memory)."""
+    arrays: list[np.ndarray] = []
+    with open(path, "rb") as handle:
+        end = os.fstat(handle.fileno()).st_size
+        while handle.tell() < end:
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(handle)
+            if fortran or dtype.hasobject:
+                raise ValueError(f"{path} holds an array memshelf did not write")
+            offset = handle.tell()
+            nbytes = math.prod(shape) * dtype.itemsize
+            if offset + nbytes > end:
+                raise ValueError(f"{path} is cut short")
+            arrays.append(np.memmap(path, dtype, "r", offset, shape) if nbytes else np.empty(shape, dtype))
+            handle.seek(offset + nbytes)
+    return arrays
 
 
 def _buffers(capacity: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -20,12 +20,13 @@ import numpy as np
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
-from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, top_k
+from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, normalize, top_k
 from .base import BACKFILL_ADVICE, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import TenantIndexes, register_functions
 from ._sqlite_schema import CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
+from . import _sqlite_vector_files
 
 log = logging.getLogger("memshelf")
 
@@ -113,6 +114,10 @@ REFRESH_LOCKS = 16
 take different locks, so reading a big owner's vectors from the file does not hold up everyone else."""
 
 
+RESAVE_GROWTH = 1.25
+"""An owner's vector file is written again when its matrix has grown by this factor since the file was written."""
+
+
 @dataclass
 class _OwnerVectors:
     generation: int
@@ -153,6 +158,8 @@ class SQLiteStore(SQLRecords):
             if not parent.is_dir():
                 raise StoreError(f"cannot open {path}: folder {parent} does not exist; create it first")
             self._uri = Path(path).expanduser().resolve().as_uri()
+        self._files = None if self._memory_db or not _sqlite_vector_files.enabled() else \
+            _sqlite_vector_files.VectorFiles(Path(path).expanduser().resolve())
         self._local = threading.local()
         self._all_connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -282,6 +289,8 @@ class SQLiteStore(SQLRecords):
         return not self._memory_db
 
     def close(self) -> None:
+        if self._files is not None:
+            self._files.wait()
         if self._scrub_pending and self._all_connections:
             self._checkpoint(SCRUB_WAIT_MS)
         with self._lock:
@@ -570,13 +579,46 @@ class SQLiteStore(SQLRecords):
             cached = self._vectors.get(cache_key)
             if cached is not None and (cached.generation, cached.appended) == stamp:
                 return cached.matrix  # another thread refreshed it meanwhile
+            saved = None
+            if cached is None or cached.generation != stamp[0]:
+                saved = self._saved_vectors(owner, model, stamp[0])
+                cached = None if saved is None else _OwnerVectors(stamp[0], -1, saved)
             if cached is not None and cached.generation == stamp[0]:
                 matrix = cached.matrix.extended(self._vector_rows(owner, model, after=cached.matrix.last_key), parse_ts)
             else:
                 matrix = VectorMatrix.build(model, self._vector_rows(owner, model, after=-1), parse_ts)
+            if self._files is not None and (saved is None and cached is None
+                                            or saved is not None and matrix.size > saved.size * RESAVE_GROWTH):
+                self._files.save_soon(owner, model, stamp[0], matrix, lambda: self._generation_now(owner))
             if not self._vectors.put(cache_key, _OwnerVectors(stamp[0], stamp[1], matrix), matrix.nbytes):
                 self._warn_cache_full(matrix)
         return matrix
+
+    def _saved_vectors(self, owner: Owner, model: str, generation: int) -> VectorMatrix | None:
+        """The owner's matrix from its vector file (_sqlite_vector_files.py), when one was written at this
+        generation and its last row is still in the database as it was."""
+        if self._files is None:
+            return None
+
+        def still_there(key: int, row: np.ndarray) -> bool:
+            found = self._q("SELECT embedding FROM memories WHERE pk = ? AND tenant = ? AND user_id = ?"
+                            " AND embed_model = ? UNION ALL SELECT embedding FROM memory_pieces WHERE memory_pk = ?"
+                            " AND tenant = ? AND user_id = ? AND embed_model = ?",
+                            (key, owner.tenant, owner.user, model, key, owner.tenant, owner.user, model)).fetchall()
+            return any(blob is not None and len(blob) == 4 * row.shape[0]
+                       and np.array_equal(normalize(np.frombuffer(blob, dtype="<f4")), row) for (blob,) in found)
+        return self._files.load(owner, model, generation, still_there)
+
+    def _generation_now(self, owner: Owner) -> int:
+        """The owner's generation as committed now, read on a connection of its own (the vector file writer's
+        thread is short-lived, and a thread's connection lives until close)."""
+        conn = sqlite3.connect(self._uri, uri=True, timeout=self._busy_ms / 1000)
+        try:
+            row = conn.execute("SELECT generation FROM owner_generation WHERE tenant = ? AND user_id = ?",
+                               (owner.tenant, owner.user)).fetchone()
+        finally:
+            conn.close()
+        return row[0] if row else 0
 
     def _warn_cache_full(self, matrix: VectorMatrix) -> None:
         if not self._warned_cache_full:
@@ -658,12 +700,17 @@ class SQLiteStore(SQLRecords):
     def _erased(self, counts: dict[str, int], touched: set[str], whole_owner: bool) -> bool:
         if whole_owner:
             self._vectors.clear()
+            if self._files is not None:
+                self._files.erase(None)
         return self._scrub(touched)
 
     def _scrub(self, tenants: set[str]) -> bool:
         """Leave no copy of erased text behind: merge the touched tenants' full-text indexes (dropping deleted
         entries from their segments) and checkpoint the WAL so old page images are overwritten; secure_delete
-        zeroes freed pages. Returns whether the checkpoint is still pending (see _checkpoint)."""
+        zeroes freed pages; the tenants' vector files go too. Returns whether the checkpoint is still pending (see
+        _checkpoint)."""
+        if tenants and self._files is not None:
+            self._files.erase(tenants)
         if tenants:
             with self.atomic():
                 self._fts.scrub(tenants)
