@@ -457,3 +457,51 @@ def test_a_file_that_counted_rows_with_a_trigger_counts_them_once_after_upgradin
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'memories_gen_insert'").fetchone() == (0,)
     assert _counted(db, KALEB) == (4, 4) and _counted(db, MAYA) == (4, 4)
     assert_index_consistent(db)
+
+
+# ---------------------------------------------------------------------------------- keyword questions, common words
+@pytest.fixture
+def garden(tmp_path):
+    """40 memories with "garden" in each but two, oldest first: the first says it three times and names the tulips;
+    "gardener" (stemmed to garden) in the middle; "gardenias" (only a prefix match) among the newest; one guess."""
+    shelf = Shelf.open(tmp_path / "garden.db", embedder=HashEmbedder())
+    shelf.remember(KALEB, "home", "The garden garden garden has tulips by the gate.")
+    for n in range(38):
+        text = {19: "The gardener comes on Fridays.", 37: "The gardenias bloom in May."}.get(
+            n, f"Note {n}: the garden needs water today.")
+        shelf.remember(KALEB, "home", text, source="inferred" if n == 36 else "stated")
+    shelf.remember(KALEB, "home", "The garden shed is locked.")
+    yield shelf
+    shelf.close()
+
+
+def keyword_answers(shelf: Shelf, question: str, limit: int = 5) -> list[str]:
+    return [hit.memory.content for hit in shelf.search(KALEB, question, mode="keyword", limit=limit)]
+
+
+def test_a_word_in_more_memories_than_are_ranked_ranks_the_newest(garden, monkeypatch):
+    every = keyword_answers(garden, "garden", limit=40)
+    assert len(every) == 40 and every[0] == "The garden garden garden has tulips by the gate."  # best bm25
+    assert "The gardenias bloom in May." in every  # a prefix match, while the word is not common
+    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    newest = keyword_answers(garden, "garden", limit=40)
+    assert newest[0] == "The garden shed is locked."  # only the newest ten are ranked
+    assert len(newest) == 9 and "The garden garden garden has tulips by the gate." not in newest  # what it gives up
+    assert "The gardenias bloom in May." not in newest  # a common word matches its own word, not every word it begins
+    assert newest[-1] == "Note 36: the garden needs water today."  # the spec's order first: the guess last
+
+
+def test_a_rarer_word_beside_a_common_one_is_found_however_old(garden, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    for mode in ("keyword", "hybrid"):
+        found = [hit.memory.content for hit in garden.search(KALEB, "garden tulips", mode=mode, limit=3)]
+        assert found[0] == "The garden garden garden has tulips by the gate.", mode
+        found = [hit.memory.content for hit in garden.search(KALEB, "gardener on fridays", mode=mode, limit=3)]
+        assert found[0] == "The gardener comes on Fridays.", mode
+    assert keyword_answers(garden, "tulips") == ["The garden garden garden has tulips by the gate."]
+
+
+def test_a_question_under_the_bound_ranks_every_match_as_before(garden, monkeypatch):
+    expected = keyword_answers(garden, "garden tulips water", limit=40)
+    monkeypatch.setattr(sqlite_store, "RANKED", 40)  # "garden" matches 39 rows: still ranked in full
+    assert keyword_answers(garden, "garden tulips water", limit=40) == expected

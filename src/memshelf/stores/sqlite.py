@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 import logging
 import sqlite3
 import threading
@@ -90,14 +91,17 @@ def owner_tag(owner: Owner) -> str:
     return "own" + hashlib.sha256(f"{owner.tenant}\x00{owner.user}".encode()).hexdigest()[:24]
 
 
-def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool) -> str:
+def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool,
+              whole: bool | Sequence[str] = False) -> str:
     """Any of the terms (each quoted, a prefix where keywords.is_prefix says so) in the row's own topic or content;
     with `owner`, also the owner's index token; `with_context` (for memories_context_fts) also ranks by the
-    conversation context.
+    conversation context. `whole`: every term (True) or these terms match their own word only, never as a prefix.
 
     Terms are quoted FTS5 strings: user text is never FTS5 syntax.
     """
-    any_term = " OR ".join('"' + term.replace('"', '""') + '"' + "*" * is_prefix(term) for term in terms)
+    exact = set(terms) if whole is True else set(whole or ())
+    any_term = " OR ".join('"' + term.replace('"', '""') + '"' + "*" * (is_prefix(term) and term not in exact)
+                           for term in terms)
     query = f"{{topic content}} : ({any_term})"  # only rows whose own words match are returned
     if with_context:
         query = f"({query}) AND ({{topic content context}} : ({any_term}))"
@@ -107,6 +111,10 @@ def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool) -> 
 OWNER_TOKEN_SHARE = 0.25
 """Below this share of the file's memories, a keyword query starts from the owner's index token. Above it the
 token only costs time: bm25 walks its whole doclist, which is most of the file."""
+
+
+RANKED = 500
+"""A keyword query whose terms match more rows than this ranks only some of them (SQLiteStore._ranked_only)."""
 
 
 REFRESH_LOCKS = 16
@@ -520,17 +528,58 @@ class SQLiteStore(SQLRecords):
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
         narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
-        query = fts_query(terms, owner if narrow else None, with_context=not by_confidence)
+        ranked, among, query = self._ranked_only(table, terms, owner, narrow, with_context=not by_confidence)
         seen, at = view_condition(view, ts)
         rows = self._q(
             f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
             f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
-            f" WHERE {table} MATCH ? AND m.tenant = ? AND m.user_id = ?"
+            f" WHERE {table} MATCH ?{ranked} AND m.tenant = ? AND m.user_id = ?"
             f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
             f" ORDER BY {order} LIMIT ?",
-            (query, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
+            (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
+
+    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, with_context: bool
+                     ) -> tuple[str, tuple, str]:
+        """Which matches a keyword query ranks: all of them, unless a term matches more than RANKED rows. FTS5 scores
+        every row it ranks, so a word found in a fifth of 100,000 memories cost 30-100 ms (BENCHMARKS.md, "Keyword
+        search on common words"). Then only the matches among the owner's RANKED newest memories and every match
+        of the rarer terms are ranked, and a common term matches its own word (as stemmed), not every word it
+        begins: FTS5 merges a prefix's every entry before it can skip any.
+
+        Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax."""
+        scope = owner if narrow else None
+        # Each term's own word, up to RANKED + 1 matches (no ranking, no join). A term found more often is common;
+        # when none is, every match is ranked, as a prefix where the term is one.
+        found = {term: self._matches(table, fts_query([term], scope, with_context=False, whole=True)) for term in terms}
+        common = [term for term in terms if len(found[term]) > RANKED]
+        if not common:
+            return "", (), fts_query(terms, scope, with_context=with_context)
+        rarer: list[int] = []
+        for term in terms:
+            if term in common:
+                continue
+            rows = self._matches(table, fts_query([term], scope, with_context=False)) if is_prefix(term) else \
+                found[term]
+            if len(rows) > RANKED:  # its own word is rare, the words it begins are not
+                common.append(term)
+            else:
+                rarer.extend(rows)
+        query = fts_query(terms, scope, with_context=with_context, whole=common)
+        newest = self._q("SELECT pk FROM memories INDEXED BY memories_owner_created WHERE tenant = ? AND user_id = ?"
+                         " ORDER BY created_at DESC LIMIT ?", (owner.tenant, owner.user, RANKED)).fetchall()
+        picked = sorted({row[0] for row in newest}.union(rarer))
+        if not picked:
+            return " AND 0", (), query
+        # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
+        # which would restart the full-text query for each) keeps the picked ones.
+        return (f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
+                (picked[0], json.dumps(picked)), query)
+
+    def _matches(self, table: str, query: str) -> list[int]:
+        return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
+                                          (query, RANKED + 1)).fetchall()]
 
     def _owner_share(self, owner: Owner) -> float:
         """What fraction of the tenant's memories (its full-text tables) belong to the owner."""
