@@ -419,6 +419,19 @@ def fill(path, per_owner: int = 30) -> None:
     shelf.close()
 
 
+def filled_with_files(path, monkeypatch) -> dict:
+    """A filled file whose owners' vector files are written, and those files' bytes (to put back later)."""
+    fill(path)
+    first_answers(path, monkeypatch, "on")
+    folder = path.with_name(path.name + "-vectors")
+    return {folder / name: (folder / name).read_bytes() for name in vector_files(path)}
+
+
+def put_back(kept: dict) -> None:
+    for file, data in kept.items():
+        file.write_bytes(data)
+
+
 def test_a_reopened_store_answers_its_first_search_from_the_vector_files(tmp_path, monkeypatch, small_files):
     path = tmp_path / "memory.db"
     fill(path)
@@ -440,18 +453,14 @@ def test_a_reopened_store_answers_its_first_search_from_the_vector_files(tmp_pat
 def test_forgetting_a_memory_removes_the_tenants_vector_files_and_a_stale_one_is_never_used(
         tmp_path, monkeypatch, small_files):
     path = tmp_path / "memory.db"
-    fill(path)
-    first_answers(path, monkeypatch, "on")
-    folder = path.with_name(path.name + "-vectors")
-    kept = {name: (folder / name).read_bytes() for name in vector_files(path)}
+    kept = filled_with_files(path, monkeypatch)
     shelf = Shelf.open(path, embedder=HashEmbedder())
     gone = shelf.search(KALEB, "kaleb note 3 about item3", mode="semantic", limit=1)[0].memory
     shelf.forget(KALEB, gone.id)
     assert vector_files(path) == []  # the forgotten memory's vector left the disk with its row
     shelf.close()
 
-    for name, data in kept.items():  # files from before the forget, as if a crash had kept them
-        (folder / name).write_bytes(data)
+    put_back(kept)  # files from before the forget, as if a crash had kept them
     answers, reads = first_answers(path, monkeypatch, "on")
     assert gone.content not in answers[0]
     assert reads[0] == -1 and reads[1] > 0  # Kaleb's file is a generation old: read again; Maya's still holds
@@ -460,17 +469,13 @@ def test_forgetting_a_memory_removes_the_tenants_vector_files_and_a_stale_one_is
 
 def test_a_file_whose_last_row_is_gone_is_not_used(tmp_path, monkeypatch, small_files):
     path = tmp_path / "memory.db"
-    fill(path)
-    first_answers(path, monkeypatch, "on")
-    folder = path.with_name(path.name + "-vectors")
-    kept = {name: (folder / name).read_bytes() for name in vector_files(path)}
+    kept = filled_with_files(path, monkeypatch)
     shelf = Shelf.open(path, embedder=HashEmbedder())
     shelf.forget_user(KALEB)  # the owner starts again at generation 0, with other rows
     assert vector_files(path) == []
     shelf.remember_many(KALEB, [{"topic": "note", "content": f"kaleb fresh start {j}"} for j in range(25)])
     shelf.close()
-    for name, data in kept.items():
-        (folder / name).write_bytes(data)
+    put_back(kept)
     answers, _ = first_answers(path, monkeypatch, "on")
     assert all(text.startswith("kaleb fresh start") for text in answers[0])
 

@@ -27,6 +27,7 @@ from ..keywords import index_text
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 Query = Callable[..., sqlite3.Cursor]
+Many = Callable[[str, Iterable[Sequence]], None]
 
 INDEX_TEXT = "memshelf_index_text"
 """keywords.index_text as an SQL function of every connection (register_functions), for filling the tables from
@@ -56,8 +57,9 @@ is malformed". A rebuild starts again from one level, so no SQLite version can g
 class TenantIndexes:
     """Creates, fills, updates, scrubs and drops the per-tenant full-text tables through the store's query function."""
 
-    def __init__(self, query: Query) -> None:
+    def __init__(self, query: Query, many: Many) -> None:
         self._q = query
+        self._many = many
 
     def names(self, tenant: str) -> tuple[str, str] | None:
         row = self._q("SELECT words, context FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
@@ -109,12 +111,10 @@ class TenantIndexes:
         if not rows:
             return
         words, ctx = self.names(tenant) or self._create(tenant)
-        for pk, topic, content, tag, context in rows:
-            topic, content, context = _indexed(topic, content, context)
-            self._q(f"INSERT INTO {words} (rowid, topic, content, owner_tag) VALUES (?, ?, ?, ?)",
-                    (pk, topic, content, tag))
-            self._q(f"INSERT INTO {ctx} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",
-                    (pk, topic, content, tag, context))
+        entries = [(pk, *_indexed(topic, content, context), tag) for pk, topic, content, tag, context in rows]
+        self._many(f"INSERT INTO {words} (rowid, topic, content, owner_tag) VALUES (?, ?, ?, ?)",
+                   [(pk, topic, content, tag) for pk, topic, content, _context, tag in entries])
+        self._many(f"INSERT INTO {ctx} (rowid, topic, content, context, owner_tag) VALUES (?, ?, ?, ?, ?)", entries)
 
     def remove(self, rows: Iterable[Sequence]) -> set[str]:
         """Take rows (tenant, pk, topic, content, owner_tag, context) out of their tenant's tables; returns the

@@ -22,7 +22,7 @@ from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError,
 from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, normalize, top_k
-from .base import BACKFILL_ADVICE, CURRENT, Pending, Scored, View, digest, observe_again
+from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import TenantIndexes, register_functions
@@ -176,7 +176,7 @@ class SQLiteStore(SQLRecords):
         self._scrub_pending = False
         self._scrub_tried = 0.0  # time.monotonic() of the last try
         self._keepalive = self._connection()  # holds a shared in-memory database open
-        self._fts = TenantIndexes(self._q)
+        self._fts = TenantIndexes(self._q, self._many)
         self._statements = _Statements(self._q)
         self._migrate()
 
@@ -267,6 +267,12 @@ class SQLiteStore(SQLRecords):
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
+    def _many(self, sql: str, rows: Iterable[Sequence]) -> None:
+        try:
+            self._connection().executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise translate(exc, self.path) from exc
+
     # the records half's dialect (sql_records.py)
     def _time_in(self, value: datetime | None) -> str | None:
         return ts(value)
@@ -336,42 +342,59 @@ class SQLiteStore(SQLRecords):
 
     # memories
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
+        """A batch's new rows go in with one statement, their keys given (the next after the largest, as SQLite
+        would choose them; the write lock is held), each row's conversation context made from the rows before it
+        in the batch once the stored ones are read (once per topic), then their full-text entries, then the count."""
         from .._ids import new_id
 
-        stored: list[Memory] = []
+        stored: list[Memory | None] = []
         tag = owner_tag(owner)
-        indexed: list[tuple[int, str, str, str, str]] = []  # full-text entries, written after the rows (add_many)
         keys = [digest(item.topic, item.content) for item in items]
         seen_at = ts(now)
         with self.atomic():
             seen = self._stored_digests(owner, keys)  # what is already there, or was added by this batch
+            next_pk = self._q("SELECT coalesce(max(pk), 0) + 1 FROM memories").fetchone()[0]
+            rows: list[tuple] = []
+            added: list[NewMemory] = []
+            tails: dict[str, list[str]] = {}  # per topic: the contents a new row's context is made of
+            again: list[tuple[int, NewMemory, str]] = []
             for item, key in zip(items, keys):
                 if key in seen:
-                    row = self._q(f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
-                                  "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
-                                  (owner.tenant, owner.user, key)).fetchone()
-                    self._observe_again(row, item, now)
-                    stored.append(_memory(self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.pk = ?",
-                                                  (row[0],)).fetchone()))
+                    again.append((len(stored), item, key))
+                    stored.append(None)
                     continue
                 seen.add(key)
-                context = self._context(owner, item.topic, None)
+                tail = tails.get(item.topic)
+                if tail is None:
+                    turns = self._q(earlier_turns("?", "?", "?", None), (owner.tenant, owner.user, item.topic))
+                    tail = tails[item.topic] = [row[1] for row in reversed(turns.fetchall())]
+                context = "\n".join(tail)
+                tail.append(item.content)
+                del tail[:-CONTEXT_TURNS]
                 memory_id, created, expires = new_id("m"), ts(item.created_at), ts(item.expires_at)
-                cur = self._q(
-                    "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
-                    (memory_id, owner.tenant, owner.user, item.topic, item.content, key, tag, item.source,
-                     item.confidence, created, seen_at, expires, item.vector, item.embed_model, context))
-                indexed.append((cur.lastrowid or 0, item.topic, item.content, tag, context))
-                if item.pieces:
-                    self._put_pieces(cur.lastrowid or 0, item.embed_model, item.pieces)
+                added.append(item)
+                rows.append((next_pk + len(rows), memory_id, owner.tenant, owner.user, item.topic, item.content, key,
+                             tag, item.source, item.confidence, created, seen_at, expires, item.vector,
+                             item.embed_model, context))
                 # the row as reading it back would give it (MEMORY_COLUMNS' order)
                 stored.append(_memory((memory_id, item.topic, item.content, item.source, item.confidence, created,
                                        expires, seen_at, 1, item.embed_model, None, None, None, None)))
-            self._fts.add_many(owner.tenant, indexed)
-            self._count_added(owner, len(indexed))
-        return stored
+            self._many("INSERT INTO memories (pk, id, tenant, user_id, topic, content, digest, owner_tag, source,"
+                       " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)", rows)
+            for row, item in zip(rows, added):
+                if item.pieces:
+                    self._put_pieces(row[0], item.embed_model, item.pieces)
+            self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], tag, row[15]) for row in rows])
+            self._count_added(owner, len(rows))
+            for at, item, key in again:  # a repeat (of a stored row, or of one earlier in this batch)
+                row = self._q(f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
+                              "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
+                              (owner.tenant, owner.user, key)).fetchone()
+                self._observe_again(row, item, now)
+                stored[at] = _memory(self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.pk = ?",
+                                             (row[0],)).fetchone())
+        return [memory for memory in stored if memory is not None]
 
     def _stored_digests(self, owner: Owner, keys: Sequence[str]) -> set[str]:
         """Which of these digests the owner's memories already have."""
