@@ -505,3 +505,22 @@ def test_a_question_under_the_bound_ranks_every_match_as_before(garden, monkeypa
     expected = keyword_answers(garden, "garden tulips water", limit=40)
     monkeypatch.setattr(sqlite_store, "RANKED", 40)  # "garden" matches 39 rows: still ranked in full
     assert keyword_answers(garden, "garden tulips water", limit=40) == expected
+
+
+def test_the_wal_is_copied_into_the_file_while_the_store_is_open(tmp_path):
+    """Writers never checkpoint (wal_autocheckpoint 0); the store's own thread copies the WAL into the file soon
+    after commits, so the file grows while the store is open and the WAL does not grow without bound."""
+    path = tmp_path / "bulk.db"
+    shelf = Shelf.open(path, embedder=None)
+    conn = shelf.store._connection()
+    assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    empty = path.stat().st_size
+    shelf.remember_many(KALEB, [{"topic": "note", "content": f"bulk note number {n} " + "x" * 200}
+                                for n in range(3000)])
+    deadline = time.monotonic() + 10
+    while path.stat().st_size < empty + 500_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.stat().st_size >= empty + 500_000  # copied by the background checkpoint, the store still open
+    assert len(shelf.search(KALEB, "bulk note number 2999", mode="keyword", limit=1)) == 1
+    shelf.close()
+    assert not Path(str(path) + "-wal").exists() or Path(str(path) + "-wal").stat().st_size == 0
