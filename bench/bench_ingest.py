@@ -3,7 +3,8 @@
 Each measurement runs in a fresh Python process: --rows statements from the keyword benchmark's text generator, in
 batches of --batch, one owner, into a new file (WAL, as Shelf.open makes it); with vectors, each item carries a
 synthetic 384-d float32 vector (no model runs; the shelf's embedder only names the model). The result is rows per
-second over the whole load, closing the shelf included (the last of the WAL is copied into the file then). --src serves another source tree (e.g. a worktree of an older commit), so two versions
+second over the whole load, closing the shelf included (the last of the WAL is copied into the file
+then). --src serves another source tree (e.g. a worktree of an older commit), so two versions
 are measured in the same run, alternating round by round; the medians of --rounds rounds are reported.
 
     .venv/bin/python bench/bench_ingest.py                                   # 20,000 rows, 3 rounds
