@@ -600,8 +600,10 @@ class SQLiteStore(SQLRecords):
             (names[1], f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
-        narrow = self._owner_share(owner) < OWNER_TOKEN_SHARE
-        ranked, among, query = self._ranked_only(table, terms, owner, narrow, with_context=not by_confidence)
+        mine, tenant = self._owner_counts(owner)
+        narrow = mine < OWNER_TOKEN_SHARE * tenant
+        ranked, among, query = self._ranked_only(table, terms, owner, narrow, with_context=not by_confidence,
+                                                 rows=mine if narrow else tenant)
         seen, at = view_condition(view, ts)
         rows = self._q(
             f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
@@ -613,16 +615,19 @@ class SQLiteStore(SQLRecords):
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, with_context: bool
-                     ) -> tuple[str, tuple, str]:
+    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, with_context: bool,
+                     rows: int) -> tuple[str, tuple, str]:
         """Which matches a keyword query ranks: all of them, unless a term matches more than RANKED rows. FTS5 scores
         every row it ranks, so a word found in a fifth of 100,000 memories cost 30-100 ms (BENCHMARKS.md, "Keyword
         search on common words"). Then only the matches among the owner's RANKED newest memories and every match
         of the rarer terms are ranked, and a common term matches its own word (as stemmed), not every word it
         begins: FTS5 merges a prefix's every entry before it can skip any.
 
-        Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax."""
+        Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax. `rows`:
+        how many rows the query can match at most (the owner's with `narrow`, else the tenant's)."""
         scope = owner if narrow else None
+        if rows <= RANKED:  # no term can be common: no need to look
+            return "", (), fts_query(terms, scope, with_context=with_context)
         # Each term's own word, up to RANKED + 1 matches (no ranking, no join). A term found more often is common;
         # when none is, every match is ranked, as a prefix where the term is one.
         found = {term: self._matches(table, fts_query([term], scope, with_context=False, whole=True)) for term in terms}
@@ -633,12 +638,12 @@ class SQLiteStore(SQLRecords):
         for term in terms:
             if term in common:
                 continue
-            rows = self._matches(table, fts_query([term], scope, with_context=False)) if is_prefix(term) else \
+            begun = self._matches(table, fts_query([term], scope, with_context=False)) if is_prefix(term) else \
                 found[term]
-            if len(rows) > RANKED:  # its own word is rare, the words it begins are not
+            if len(begun) > RANKED:  # its own word is rare, the words it begins are not
                 common.append(term)
             else:
-                rarer.extend(rows)
+                rarer.extend(begun)
         query = fts_query(terms, scope, with_context=with_context, whole=common)
         newest = self._q("SELECT pk FROM memories INDEXED BY memories_owner_created WHERE tenant = ? AND user_id = ?"
                          " ORDER BY created_at DESC LIMIT ?", (owner.tenant, owner.user, RANKED)).fetchall()
@@ -654,13 +659,12 @@ class SQLiteStore(SQLRecords):
         return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
                                           (query, RANKED + 1)).fetchall()]
 
-    def _owner_share(self, owner: Owner) -> float:
-        """What fraction of the tenant's memories (its full-text tables) belong to the owner."""
+    def _owner_counts(self, owner: Owner) -> tuple[int, int]:
+        """How many memories the owner has, and its tenant (the rows of the tenant's full-text tables)."""
         row = self._q("SELECT (SELECT memories FROM owner_generation WHERE tenant = ? AND user_id = ?),"
                       " (SELECT sum(memories) FROM owner_generation WHERE tenant = ?)",
                       (owner.tenant, owner.user, owner.tenant)).fetchone()
-        mine, top = row[0] or 0, row[1] or 0
-        return mine / top if top else 1.0
+        return row[0] or 0, row[1] or 0
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
