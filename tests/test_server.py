@@ -817,6 +817,87 @@ def test_serve_with_two_workers_shares_one_sqlite_file(tmp_path: Path) -> None:
         process.wait(timeout=30)
 
 
+
+def _listening_workers(parent: int, port: int) -> dict[int, int]:
+    """The serving processes under `parent` (those listening on `port`), each with its established connections."""
+    import psutil
+
+    found: dict[int, int] = {}
+    for child in psutil.Process(parent).children(recursive=True):
+        try:
+            sockets = [c for c in child.net_connections(kind="tcp") if c.laddr and c.laddr.port == port]
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.status == psutil.CONN_LISTEN for c in sockets):
+            found[child.pid] = sum(c.status == psutil.CONN_ESTABLISHED for c in sockets)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux only")
+def test_two_workers_each_listen_take_connections_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    db = tmp_path / "spread.db"
+    with Shelf.open(db, embedder=None) as shelf:
+        secret = shelf.create_key("acme")[1]
+    port = free_port()
+    code = f"from memshelf.server import serve; serve(port={port}, workers=2, db={str(db)!r}, embedder='none', " \
+           "log_level='warning', access_log=False); print('RETURNED', flush=True)"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    clients: list[httpx.Client] = []
+    try:
+        wait_healthy(url, process)
+        for _ in range(24):  # connections kept open: Linux picks a worker's socket by a hash of each one's ports
+            client = httpx.Client(base_url=url, headers=bearer(secret), timeout=30)
+            assert client.get("/health").status_code == 200
+            clients.append(client)
+        workers = _listening_workers(process.pid, port)
+        assert len(workers) == 2 and all(count > 0 for count in workers.values()), workers
+
+        os.kill(next(iter(workers)), 9)  # a worker dies: another takes its place, and no write is lost
+        deadline = time.monotonic() + 60
+        while (now := _listening_workers(process.pid, port)).keys() == workers.keys() or len(now) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, now
+            time.sleep(0.2)
+        with httpx.Client(base_url=url, headers=bearer(secret), timeout=30) as client:
+            ids = {remember(client, "w", f"fact number {i}")["id"] for i in range(10)}
+        with httpx.Client(base_url=url, headers=bearer(secret), timeout=30) as client:
+            assert {m["id"] for m in client.get("/v1/users/w/memories").json()["items"]} == ids
+    finally:
+        for client in clients:
+            client.close()
+        process.terminate()  # SIGTERM: every worker stops, and serve() returns to its caller
+        out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and b"RETURNED" in out
+    assert _listening_workers(os.getpid(), port) == {}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux only")
+def test_several_workers_refuse_a_port_another_server_has(tmp_path: Path) -> None:
+    from memshelf.errors import ConfigError
+    from memshelf.server import serve
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}.*pass another --port"):
+            serve(port=port, workers=2, db=str(tmp_path / "m.db"), embedder="none", log_level="warning")
+    assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux only")
+def test_workers_that_cannot_start_stop_the_server_with_an_error(tmp_path: Path) -> None:
+    from memshelf.errors import MemshelfError
+    from memshelf.server import serve
+
+    started = time.monotonic()
+    with pytest.raises(MemshelfError, match="exited with 1 before it could serve: read the log above"):
+        serve(port=free_port(), workers=2, db=str(tmp_path), embedder="none", log_level="critical")
+    assert time.monotonic() - started < 60  # not restarted again and again
+
+
 # ---------------------------------------------------------------------------------------------- the inspector
 
 def test_memories_list_by_topic_source_text_and_confidence(served: httpx.Client) -> None:

@@ -11,7 +11,8 @@ MAX_IMPORT_BYTES), `limit` 1..100 on search and 1..1000 on lists, and opaque `cu
 
 The modules, by role: errors (the edge's error mapping, a leaf the MCP endpoint imports too), middleware (key
 check, body limit), schemas (request and response bodies), deps (dependencies and paging), routers/ (one module
-per resource), proxy (the memory proxy in front of a chat API, with --upstream) and app (create_app, serve).
+per resource), proxy (the memory proxy in front of a chat API, with --upstream), workers (several processes, a
+listening socket each) and app (create_app, serve).
 The names below are loaded when first used, so importing `memshelf.server._errors` does not build the rest of the
 server.
 """

@@ -20,6 +20,7 @@ from ._middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit
 from ._proxy import UPSTREAM_ENV, Upstream, proxy_router
 from ._routers import ROUTERS
 from ._schemas import DECLARED_SOURCES, MAX_BATCH, MAX_SEARCH_LIMIT
+from ._workers import reuse_port_spreads, serve_workers
 
 if TYPE_CHECKING:
     from ..mcp import McpEndpoint
@@ -135,8 +136,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str |
           embedder: str | None = None, log_level: str | None = None, access_log: bool | None = None,
           sources: Mapping[str, float] | None = None, upstream: str | None = None) -> None:
     """Run the HTTP server (blocks). With several workers each process opens its own Shelf on the same database
-    (SQLite in WAL mode, or PostgreSQL). log_level and access_log default to MEMSHELF_LOG_LEVEL (info) and
-    MEMSHELF_ACCESS_LOG (1; 0 turns the per-request log lines off). The caller's os.environ is left as it was."""
+    (SQLite in WAL mode, or PostgreSQL) and, on Linux, listens on a socket of its own (server/_workers.py).
+    log_level and access_log default to MEMSHELF_LOG_LEVEL (info) and MEMSHELF_ACCESS_LOG (1; 0 turns the
+    per-request log lines off). The caller's os.environ is left as it was."""
     import uvicorn
 
     if workers < 1:
@@ -152,7 +154,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, db: str |
         return
     # other processes learn the settings from the environment
     with _environ(_worker_settings(db, embedder, sources, upstream)):
-        uvicorn.run("memshelf.server:app_from_env", factory=True, workers=workers, **options)
+        if reuse_port_spreads():  # each worker gets a socket of its own, so the load is spread (server/_workers.py)
+            serve_workers(options, workers)
+        else:
+            uvicorn.run("memshelf.server:app_from_env", factory=True, workers=workers, **options)
 
 
 def _worker_settings(db: str | None, embedder: str | None, sources: Mapping[str, float] | None = None,
