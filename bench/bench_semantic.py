@@ -11,6 +11,9 @@ For each size N (one owner, one SQLite file):
   * the first query after opening the file is timed separately, on a fresh Shelf each time: with vector files off
     (the owner's matrix is read from SQLite), on the first open with them on (read, and the file written), and on
     later opens (the file mapped); the answers of the first and the last are compared;
+  * the first query after a change to the owner's memories, on one open Shelf (vector files off): a memory's
+    expiry changed, or one forgotten, then the next search timed, alternating with the same change made while the
+    store may not catch up (`stores.sqlite.PATCH_SHARE` 0: it reads every vector again, as before catching up);
   * the spec 002 semantic_search() loop (cosine() and unpack() verbatim, the same floor and limit) over the same
     rows through the standard sqlite3 module, for fewer queries (it takes ~0.25 s per query per 10k rows).
 
@@ -43,7 +46,7 @@ from _common import TextGenerator, database_dir, fmt_ms, machine, print_table, s
 
 from memshelf import Owner, Shelf, _vectors  # noqa: E402
 from memshelf.embedders.base import Embedder  # noqa: E402
-from memshelf.stores import _sqlite_vector_files as vector_files  # noqa: E402
+from memshelf.stores import _sqlite_vector_files as vector_files, sqlite as sqlite_store  # noqa: E402
 
 OWNER = Owner("bench", "one-user")
 DIM = 384
@@ -113,6 +116,42 @@ def restore_files(setting: str | None) -> None:
         os.environ.pop(vector_files.FILES_ENV, None)
     else:
         os.environ[vector_files.FILES_ENV] = setting
+
+
+def first_after_changes(fresh: Any, ask: Any, queries: np.ndarray, runs: int, files_before: str | None
+                        ) -> dict[str, Any]:
+    """The first search after each kind of change, caught up with (shipped) and read again (PATCH_SHARE 0), in
+    turn on one open Shelf with vector files off; ms per kind and way, and how many answers differed from a Shelf
+    opened afresh."""
+    os.environ[vector_files.FILES_ENV] = "off"
+    shelf = fresh()
+    ask(shelf, queries[0])
+    ids = [m.id for m in shelf.list_memories(OWNER, limit=4 * runs)[0]]
+    shipped = sqlite_store.PATCH_SHARE
+    times: dict[str, list[float]] = {f"{kind} {way}": [] for kind in ("expiry", "forget")
+                                     for way in ("caught up", "read again")}
+    differ = 0
+    for i in range(runs):
+        for kind in ("expiry", "forget"):
+            for way, share in (("caught up", shipped), ("read again", 0.0)):
+                sqlite_store.PATCH_SHARE = share
+                memory = ids.pop()
+                if kind == "expiry":
+                    shelf.set_expiry(OWNER, memory, ttl=86_400)
+                else:
+                    shelf.forget(OWNER, memory)
+                a = time.perf_counter()
+                found = ask(shelf, queries[i])
+                times[f"{kind} {way}"].append(time.perf_counter() - a)
+                sqlite_store.PATCH_SHARE = shipped
+                if way == "caught up":
+                    check = fresh()
+                    differ += [(h.memory.id, h.score) for h in found] != \
+                        [(h.memory.id, h.score) for h in ask(check, queries[i])]
+                    check.close()
+    shelf.close()
+    restore_files(files_before)
+    return {"runs": runs, "answers_that_differ": differ, **{k: summarize_ms(v) for k, v in times.items()}}
 
 
 def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
@@ -210,6 +249,7 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
     # memshelf's times for exactly the queries the loop ran, for a like-for-like ratio
     ours_same = [times[r * len(queries) + i] for r in range(args.repeats) for i in range(spec_n)]
     shelf.close()
+    changed = first_after_changes(fresh, ask, queries, args.first_runs, files_before)
     size_bytes = path.stat().st_size
     if not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -223,7 +263,7 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
         "float32_only": summarize_ms(plain_times), "float32_only_differs": differ, "int8_kernel": kernel is not None,
         "first_query": summarize_ms(first), "second_query": summarize_ms(second),
         "first_query_writing_file": writing * 1e3, "first_query_mapped": summarize_ms(mapped),
-        "mapped_differs": mapped_differ,
+        "mapped_differs": mapped_differ, "after_change": changed,
         "spec_loop": spec_s, "spec_queries": spec_n, "same_top5": f"{agree}/{spec_n}",
         "ratio_p50": spec_s["p50_ms"] / ours_s["p50_ms"],
         "ratio_p50_same_queries": spec_s["p50_ms"] / summarize_ms(ours_same)["p50_ms"],
@@ -336,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
                   fmt_ms(r["first_query_mapped"]["p50_ms"]),
                   f"{r['first_query']['p50_ms'] / r['first_query_mapped']['p50_ms']:.0f}x", r["mapped_differs"]]
                  for r in results])
+    print_table("the first query after a change, on an open Shelf (ms, p50 of the runs)",
+                ["memories", "expiry changed: caught up", "read again", "memory forgotten: caught up", "read again",
+                 "answers that differ"],
+                [[f"{r['size']:,}", *(fmt_ms(r["after_change"][f"{kind} {way}"]["p50_ms"])
+                                      for kind in ("expiry", "forget") for way in ("caught up", "read again")),
+                  r["after_change"]["answers_that_differ"]] for r in results])
     print_table("loading", ["memories", "remember_many rows/s (pre-computed vectors)", "file MB"],
                 [[f"{r['size']:,}", f"{r['build_rows_per_second']:,.0f}", f"{r['db_bytes'] / 1e6:,.0f}"]
                  for r in results])

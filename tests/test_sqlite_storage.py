@@ -459,6 +459,42 @@ def test_a_file_that_counted_rows_with_a_trigger_counts_them_once_after_upgradin
     assert_index_consistent(db)
 
 
+def _trigger(migration: str, name: str) -> str:
+    """The CREATE TRIGGER statement `name` as `migration` wrote it."""
+    script = next(script for applied, script in MIGRATIONS if applied == migration)
+    return f"CREATE TRIGGER {name}" + script.split(f"CREATE TRIGGER {name}", 1)[1].split("END;", 1)[0] + "END;"
+
+
+def test_a_file_from_before_the_change_log_catches_up_after_upgrading(tmp_path):
+    """m013 gives the generation triggers a log of the rows each change touched: after upgrading, a cached matrix
+    catches up with a confirmation and a forget instead of reading every vector again."""
+    db = tmp_path / "memory.db"
+    with Shelf.open(db, embedder=HashEmbedder()) as shelf:
+        guesses = shelf.remember_many(KALEB, [{"topic": "chat", "content": f"The printer note {i}.",
+                                               "source": "inferred"} for i in range(12)])
+    with sqlite3.connect(db) as conn:  # the previous version's file: its triggers, no log, no record of m013
+        conn.executescript("DROP TABLE owner_changes; DROP TRIGGER memories_gen_delete; DROP TRIGGER"
+                           " memories_gen_update; DROP TRIGGER memories_gen_supersede;"
+                           + _trigger("m001_initial", "memories_gen_delete")
+                           + _trigger("m001_initial", "memories_gen_update")
+                           + _trigger("m008_learning", "memories_gen_supersede")
+                           + "DELETE FROM memshelf_migrations WHERE name = 'm013_owner_changes';")
+    with Shelf.open(db, embedder=HashEmbedder()) as shelf:
+        assert "m013_owner_changes" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
+        assert len(shelf.search(KALEB, "printer note", mode="semantic", limit=20)) == 12
+        reads: list[int] = []
+        original = SQLiteStore._vector_rows
+        shelf.store._vector_rows = lambda owner, model, after: reads.append(after) or original(  # type: ignore
+            shelf.store, owner, model, after)
+        shelf.confirm(KALEB, guesses[0].id)
+        shelf.forget(KALEB, guesses[1].id)
+        hits = shelf.search(KALEB, "printer note", mode="semantic", limit=20)
+        assert {h.memory.id for h in hits} == {m.id for m in guesses} - {guesses[1].id}
+        assert next(h.memory.confidence for h in hits if h.memory.id == guesses[0].id) == 1.0
+        assert -1 not in reads  # caught up, not read again
+        assert shelf.store._q("SELECT kind FROM owner_changes ORDER BY generation").fetchall() == [(0,), (2,)]
+
+
 # ---------------------------------------------------------------------------------- keyword questions, common words
 @pytest.fixture
 def garden(tmp_path):

@@ -38,7 +38,8 @@ def _columns(backend: str, target: str, table: str) -> set[str]:
 
 
 def _fill(shelf, owner: Owner) -> None:
-    shelf.remember(owner, "printer", f"{owner.user}'s printer is on the third floor")
+    printer = shelf.remember(owner, "printer", f"{owner.user}'s printer is on the third floor")
+    shelf.set_expiry(owner, printer.id, ttl=86_400)  # a change of a memory (SQLite logs it in owner_changes)
     pieced = Shelf(shelf.store, embedder=HashEmbedder(window_chars=60))  # a long memory: its pieces' vectors
     pieced.remember(owner, "printer", f"{owner.user}'s printer manual says: " + "press the green button twice, " * 5)
     shelf.set_fact(owner, "desk", "3.14")

@@ -4,9 +4,10 @@ on both backends."""
 
 from __future__ import annotations
 
+import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import numpy as np
@@ -17,7 +18,7 @@ from threadpoolctl import threadpool_info
 
 from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.server import create_app
-from memshelf.stores.sqlite import SQLiteStore
+from memshelf.stores.sqlite import SQLiteStore, ts
 from memshelf import _vectors
 from memshelf._vectors import CACHE_ENV, ENTRY_OVERHEAD, GROWTH, WRITE_CHUNK, VectorMatrix, pack, top_k
 
@@ -497,3 +498,183 @@ def test_vector_files_can_be_turned_off_and_a_bad_setting_says_what_to_write(tmp
     monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "sometimes")
     with pytest.raises(ConfigError, match="on or off"):
         Shelf.open(tmp_path / "memory.db", embedder=HashEmbedder())
+
+
+# ---------------------------------------------------------------- catching up with changes instead of rebuilding
+def vector_reads(monkeypatch) -> list[tuple[int, int]]:
+    """(id of the store, `after`) of every read of vector rows from SQLite from now on; after -1 is a rebuild."""
+    reads: list[tuple[int, int]] = []
+    original = SQLiteStore._vector_rows
+    monkeypatch.setattr(SQLiteStore, "_vector_rows", lambda self, owner, model, after:
+                        reads.append((id(self), after)) or original(self, owner, model, after))
+    return reads
+
+
+def rebuilds(reads: list[tuple[int, int]], shelf: Shelf) -> int:
+    return sum(1 for store, after in reads if store == id(shelf.store) and after == -1)
+
+
+WORDS = "printer toner desk lamp router wifi garden kettle coffee window".split()
+QUESTIONS = ["printer toner", "garden kettle coffee", "wifi router window lamp", "desk"]
+
+
+def semantic_answers(shelf: Shelf, owner: Owner = KALEB) -> list[list[tuple[str, float, float]]]:
+    return [[(h.memory.id, round(h.score, 6), h.memory.confidence)
+             for h in shelf.search(owner, q, mode="semantic", limit=8)] for q in QUESTIONS]
+
+
+def current_ids(shelf: Shelf, owner: Owner, source: str | None = None) -> list[str]:
+    """The owner's memories searches may return (neither superseded nor expired), oldest first."""
+    query = ("SELECT id FROM memories WHERE tenant = ? AND user_id = ? AND superseded_at IS NULL"
+             " AND (expires_at IS NULL OR expires_at > ?)")
+    rows = shelf.store._q(query + (" AND source = ?" if source else "") + " ORDER BY pk",
+                          (owner.tenant, owner.user, ts(shelf.now())) + ((source,) if source else ())).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_matrix_caught_up_with_changes_answers_as_one_read_afresh(tmp_path, monkeypatch, compact):
+    """Forget, confirm, expire, supersede and remember in a random order, by the cached store and by a second one on
+    the same file; after each, both answer as a store opened afresh, and the cached matrix is rebuilt only after a
+    re-embedding (or when deletions have left too many dead rows in it)."""
+    if compact:
+        if _vectors._kernel is None:
+            pytest.skip("no int8 kernel (simsimd) on this platform")
+        monkeypatch.setattr(_vectors, "COMPACT_ROWS", 16)
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    rng = random.Random(11)
+    moment = [datetime(2026, 6, 1, tzinfo=UTC)]
+    options = {"embedder": HashEmbedder(window_chars=60), "clock": lambda: moment[0]}
+    path = tmp_path / "memory.db"
+    shelf, other = Shelf.open(path, **options), Shelf.open(path, **options)
+
+    def text() -> str:  # some longer than the window, so embedded in pieces
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 25)))
+
+    def items(n: int) -> list[dict]:
+        return [{"topic": "note", "content": text(), "source": rng.choice(["stated", "mined", "inferred"])}
+                for _ in range(n)]
+
+    shelf.remember_many(KALEB, items(80))
+    shelf.remember_many(MAYA, items(30))
+    reads = vector_reads(monkeypatch)
+    assert semantic_answers(shelf)[0]  # the matrix is cached
+    allowed, changes = 1, 0
+    for step in range(70):
+        actor = rng.choice([shelf, other])
+        owner = KALEB if rng.random() < 0.85 else MAYA
+        ids = current_ids(actor, owner)
+        kind = rng.choice(["forget", "confirm", "expire", "expire", "supersede", "remember", "reembed"])
+        if kind == "forget":
+            actor.forget(owner, rng.choice(ids))
+        elif kind == "confirm" and current_ids(actor, owner, "inferred"):
+            actor.confirm(owner, rng.choice(current_ids(actor, owner, "inferred")))
+        elif kind == "expire":
+            actor.set_expiry(owner, rng.choice(ids), ttl=rng.choice([None, 60, 600, 86400]))
+        elif kind == "supersede":
+            old, new = rng.sample(ids, 2)
+            assert actor.store.supersede_memory(owner, old, new, actor.now())
+        elif kind == "remember":
+            actor.remember_many(owner, items(rng.randint(1, 3)))
+        elif kind == "reembed":  # another tool rewrote one vector under the same model name
+            with actor.store.atomic():
+                actor.store._q("UPDATE memories SET embedding = (SELECT embedding FROM memories WHERE id = ?)"
+                               " WHERE id = ?", tuple(rng.sample(ids, 2)))
+            allowed += owner == KALEB
+        changes += kind != "remember"
+        moment[0] += timedelta(minutes=rng.randint(0, 5))
+        fresh = Shelf.open(path, **options)
+        try:
+            expected = semantic_answers(fresh)
+        finally:
+            fresh.close()
+        assert semantic_answers(shelf) == expected, (step, kind)
+        assert semantic_answers(other) == expected, (step, kind)
+    assert changes > 40
+    assert rebuilds(reads, shelf) <= allowed + 2  # without catching up: one after nearly every change
+    shelf.close()
+    other.close()
+
+
+def test_a_forgotten_memorys_vector_is_zeroed_in_the_cached_matrix(tmp_path, monkeypatch):
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 16)
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    shelf, _ = shelf_with_owners(tmp_path / "memory.db", owners=1, per_owner=40)
+    owner = Owner("t", "user0")
+    reads = vector_reads(monkeypatch)
+    first = shelf.search(owner, "user0 note 3 about item3", mode="semantic", limit=1)[0].memory
+    assert rebuilds(reads, shelf) == 1
+    pk = shelf.store._q("SELECT pk FROM memories WHERE id = ?", (first.id,)).fetchone()[0]
+    shelf.forget(owner, first.id)
+    assert first.id not in [h.memory.id for h in shelf.search(owner, "user0 note 3 about item3", mode="semantic")]
+    assert rebuilds(reads, shelf) == 1  # caught up, not read again
+    matrix = next(iter(cache(shelf)._entries.values()))[0].matrix
+    (at,) = np.flatnonzero(matrix.keys == pk)
+    assert not matrix.matrix[at].any() and matrix.expires[at] == -np.inf
+    assert matrix.matrix[at - 1].any()
+    if matrix.compact is not None:
+        assert not matrix.compact[0][at].any()
+    newest = shelf.list_memories(owner, limit=1)[0][0]  # the row the store checks an owner by is gone too
+    shelf.forget(owner, newest.id)
+    assert newest.id not in [h.memory.id for h in shelf.search(owner, newest.content, mode="semantic")]
+    assert rebuilds(reads, shelf) == 1
+    shelf.close()
+
+
+def test_more_changes_than_the_store_keeps_rebuild_the_matrix(tmp_path, monkeypatch):
+    from memshelf.stores._sqlite_schema import CHANGES_KEPT
+
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    path = tmp_path / "memory.db"
+    shelf, _ = shelf_with_owners(path, owners=1, per_owner=30)
+    owner = Owner("t", "user0")
+    reads = vector_reads(monkeypatch)
+    before = semantic_answers(shelf, owner)
+    with shelf.store.atomic():  # each update one generation: more than the store keeps entries of
+        for n in range(CHANGES_KEPT + 10):
+            shelf.store._q("UPDATE memories SET confidence = ? WHERE pk = (SELECT min(pk) FROM memories)",
+                           (0.5 + (n % 2) * 0.1,))
+    kept = shelf.store._q("SELECT count(*), min(generation), max(generation) FROM owner_changes").fetchone()
+    assert kept == (CHANGES_KEPT, 11, CHANGES_KEPT + 10)
+    answers = semantic_answers(shelf, owner)
+    assert rebuilds(reads, shelf) == 2  # the first search, then the one too far behind
+    assert [[hit[:2] for hit in q] for q in answers] == [[hit[:2] for hit in q] for q in before]
+    shelf.forget_user(owner)
+    assert shelf.store._q("SELECT count(*) FROM owner_changes").fetchone() == (0,)  # erased with its owner
+    shelf.close()
+
+
+def test_an_owner_erased_and_refilled_elsewhere_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    path = tmp_path / "memory.db"
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    shelf.remember_many(KALEB, [{"topic": "note", "content": f"kaleb old note {j}"} for j in range(20)])
+    shelf.remember_many(MAYA, [{"topic": "note", "content": f"maya note {j}"} for j in range(20)])
+    questions = ["kaleb old note 3", "kaleb desk lamp 3"]
+    assert shelf.search(KALEB, questions[0], mode="semantic")  # Kaleb's matrix cached at generation 0
+    other = Shelf.open(path, embedder=HashEmbedder())
+    other.forget_user(KALEB)
+    fresh = other.remember_many(KALEB, [{"topic": "note", "content": f"kaleb desk lamp {j}", "source": "inferred"}
+                                        for j in range(20)])
+    for memory in fresh[:3]:  # generation 3, with all three entries there: only the last row tells
+        other.confirm(KALEB, memory.id)
+    expected = [[h.memory.id for h in other.search(KALEB, q, mode="semantic", limit=20)] for q in questions]
+    other.close()
+    assert [[h.memory.id for h in shelf.search(KALEB, q, mode="semantic", limit=20)] for q in questions] == expected
+    assert expected[0] and set(expected[0]) <= {m.id for m in fresh}
+    shelf.close()
+
+
+def test_a_vector_file_catches_up_with_changes_that_delete_nothing(tmp_path, monkeypatch, small_files):
+    path = tmp_path / "memory.db"
+    filled_with_files(path, monkeypatch)
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    some = current_ids(shelf, KALEB)[:3]
+    shelf.set_expiry(KALEB, some[0], ttl=3600)
+    shelf.store.supersede_memory(KALEB, some[1], some[2], shelf.now())
+    shelf.close()
+    expected, _ = first_answers(path, monkeypatch, "off")
+    files = vector_files(path)
+    answers, reads = first_answers(path, monkeypatch, "on")
+    assert answers == expected and -1 not in reads  # both owners from their files, Kaleb's caught up
+    assert vector_files(path) == files

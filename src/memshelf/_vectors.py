@@ -246,6 +246,40 @@ class VectorMatrix:
         return VectorMatrix(self.model, end, self._keys, self._matrix, self._confidence, self._expires, repeats,
                             self._compact, self._scales, slack)
 
+    @property
+    def writable(self) -> bool:
+        """Whether the vectors are in memory (a mapped file's are read-only)."""
+        return bool(self._matrix.flags.writeable)
+
+    @property
+    def dropped(self) -> int:
+        """Rows `patched` took out of every search."""
+        return int(np.count_nonzero(self.expires == -math.inf))
+
+    def patched(self, states: Sequence[Sequence], gone: Sequence[int],
+                parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
+        """This matrix with some memories changed in place of a rebuild. states: (key, confidence, expires_at) as
+        the backend stores them, given to every row (piece) of the key; gone: keys whose rows leave every search,
+        their vectors zeroed (the buffers must be `writable`). Keys the matrix does not hold are skipped. The
+        confidences and expiry times are copied first, so a reader holding this matrix keeps seeing them as they
+        were; only a gone row's vector changes under it, and a reader's answer is read back from the database,
+        where that row no longer is."""
+        confidence, expires = self._confidence.copy(), self._expires.copy()
+        keys = self.keys
+
+        def rows(key: int) -> slice:
+            return slice(int(np.searchsorted(keys, key, "left")), int(np.searchsorted(keys, key, "right")))
+
+        for key, level, until in states:
+            at = rows(key)
+            confidence[at], expires[at] = level, _epoch(parse_time(until))
+        for key in gone:
+            at = rows(key)
+            expires[at] = -math.inf
+            self._matrix[at] = 0.0
+            if self._compact is not None and self._scales is not None:
+                self._compact[at], self._scales[at] = 0, 0.0
+        return dataclasses.replace(self, _confidence=confidence, _expires=expires)
 
     def save(self, path: Path, stamp: dict[str, Any]) -> None:
         """Write the rows to `path` as `mapped` reads them back: numpy arrays one after the other, the first a JSON

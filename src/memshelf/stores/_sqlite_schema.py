@@ -5,6 +5,9 @@ from __future__ import annotations
 WHITESPACE_DIGESTS = "m006_whitespace_digests"
 """The migration after whose SQL stores/sqlite.py recomputes every digest (stores.base.digest), in Python."""
 
+CHANGES_KEPT = 4_096
+"""How many of an owner's latest entries owner_changes keeps (m013): a cached matrix further behind is rebuilt."""
+
 CJK_INDEX = "m010_cjk_pairs"
 """The migration after whose SQL stores/sqlite.py rebuilds every tenant's full-text tables from its rows."""
 
@@ -260,5 +263,56 @@ ALTER TABLE memories ADD COLUMN confirmed_from TEXT;
 -- trigger per row: a trigger makes every INSERT open a statement savepoint, and each savepoint made FTS5 write
 -- out the index entries it held in memory, one small segment per row (BENCHMARKS.md, "Ingest").
 DROP TRIGGER IF EXISTS memories_gen_insert;
+"""),
+    ("m013_owner_changes", f"""
+-- Which row each move of an owner's generation was about, so a cached vector matrix catches up by re-reading those
+-- rows instead of every vector (SQLiteStore._caught_up). kind: 0 the row's confidence, expiry or supersession
+-- changed, 1 its vector or model changed, 2 it was deleted. One entry per generation; entries more than
+-- CHANGES_KEPT generations old are dropped as new ones come, and a matrix further behind is rebuilt.
+-- Keys only: no text or vector of a memory is kept here, and the owner's entries go with the owner's erasure.
+CREATE TABLE owner_changes (
+    tenant     TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    pk         INTEGER NOT NULL,
+    kind       INTEGER NOT NULL,
+    PRIMARY KEY (tenant, user_id, generation)
+) WITHOUT ROWID;
+DROP TRIGGER memories_gen_delete;
+DROP TRIGGER memories_gen_update;
+DROP TRIGGER memories_gen_supersede;
+CREATE TRIGGER memories_gen_delete AFTER DELETE ON memories BEGIN
+    UPDATE owner_generation SET generation = generation + 1, memories = memories - 1
+    WHERE tenant = old.tenant AND user_id = old.user_id;
+    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)
+    SELECT tenant, user_id, generation, old.pk, 2 FROM owner_generation
+    WHERE tenant = old.tenant AND user_id = old.user_id;
+    DELETE FROM owner_changes WHERE tenant = old.tenant AND user_id = old.user_id AND generation <=
+        (SELECT generation FROM owner_generation WHERE tenant = old.tenant AND user_id = old.user_id) - {CHANGES_KEPT};
+END;
+CREATE TRIGGER memories_gen_update AFTER UPDATE OF embedding, embed_model, expires_at, confidence ON memories
+WHEN old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_model
+     OR old.expires_at IS NOT new.expires_at OR old.confidence IS NOT new.confidence
+BEGIN
+    UPDATE owner_generation SET generation = generation + 1
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)
+    SELECT tenant, user_id, generation, new.pk,
+           old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_model FROM owner_generation
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+    DELETE FROM owner_changes WHERE tenant = new.tenant AND user_id = new.user_id AND generation <=
+        (SELECT generation FROM owner_generation WHERE tenant = new.tenant AND user_id = new.user_id) - {CHANGES_KEPT};
+END;
+CREATE TRIGGER memories_gen_supersede AFTER UPDATE OF superseded_at ON memories
+WHEN old.superseded_at IS NOT new.superseded_at
+BEGIN
+    UPDATE owner_generation SET generation = generation + 1
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)
+    SELECT tenant, user_id, generation, new.pk, 0 FROM owner_generation
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+    DELETE FROM owner_changes WHERE tenant = new.tenant AND user_id = new.user_id AND generation <=
+        (SELECT generation FROM owner_generation WHERE tenant = new.tenant AND user_id = new.user_id) - {CHANGES_KEPT};
+END;
 """),
 ]

@@ -3,9 +3,10 @@
 Building a big owner's matrix means reading every vector from SQLite (about a quarter of a second at 100,000 rows),
 so the first search by meaning after opening a file was slow. When the SQLiteStore builds a matrix of at least
 SAVED_ROWS rows, it writes it to `<file>-vectors/`; the next process maps that file instead, and reads from SQLite
-only the rows added since. A file is used only while the owner's `generation` (owner_generation: bumped by every
-delete, re-embedding, expiry or confidence change) is the one it was written at, and while the last row it holds
-is still in the database as it was.
+only the rows added since. A file is used at the owner's `generation` (owner_generation: bumped by every
+delete, re-embedding, expiry or confidence change) it was written at, or at a later one when the changes between
+are ones the store can catch up with (no deletion, no re-embedding: SQLiteStore._caught_up), and only while the
+last row it holds is still in the database as it was.
 
 These files hold vectors of memories, so erasure reaches them: forgetting any memory of a tenant removes that
 tenant's files (`erase`), under a lock that a writer also takes, and a writer keeps its new file only if the owner's
@@ -24,7 +25,6 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 
 from .._vectors import COMPACT_ROWS, VectorMatrix
 from ..errors import ConfigError
@@ -68,24 +68,29 @@ class VectorFiles:
     def path(self, owner: Owner, model: str) -> Path:
         return self.folder / f"{_hash(owner.tenant)}-{_hash(owner.tenant, owner.user, model)}.vec"
 
-    def load(self, owner: Owner, model: str, generation: int, still_there: Callable[[int, np.ndarray], bool]
-             ) -> VectorMatrix | None:
-        """The owner's saved matrix when it was written at `generation` and `still_there(last key, its normalized
-        row)` agrees the database still holds that row; else None (a stale or unreadable file is removed)."""
+    def load(self, owner: Owner, model: str, generation: int,
+             current: Callable[[VectorMatrix, int], VectorMatrix | None]) -> VectorMatrix | None:
+        """The owner's saved matrix as `current(matrix, the generation it was written at)` makes it usable at
+        `generation` (None: not usable); a file written later than `generation`, or stale, or unreadable, is
+        removed."""
         path = self.path(owner, model)
         if not path.exists():
             return None
         try:
             matrix, header = VectorMatrix.mapped(path)
+            written_at = header.get("generation")
+            if not isinstance(written_at, int):
+                raise ValueError("no generation in its header")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring the vector file %s (%s); it will be written again", path, exc)
             self._remove(path)
             return None
-        if header.get("generation") != generation or matrix.model != model or matrix.size == 0 \
-                or not still_there(matrix.last_key, matrix.matrix[-1]):
+        usable = None
+        if written_at <= generation and matrix.model == model and matrix.size:
+            usable = current(matrix, written_at)
+        if usable is None:
             self._remove(path)
-            return None
-        return matrix
+        return usable
 
     def save_soon(self, owner: Owner, model: str, generation: int, matrix: VectorMatrix,
                   current_generation: Callable[[], int]) -> None:

@@ -27,7 +27,7 @@ from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import TenantIndexes, register_functions
-from ._sqlite_schema import CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
+from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
 from . import _sqlite_vector_files
 
 log = logging.getLogger("memshelf")
@@ -127,6 +127,21 @@ RESAVE_GROWTH = 1.25
 """An owner's vector file is written again when its matrix has grown by this factor since the file was written."""
 
 
+_UNTIL = ("CASE WHEN m.superseded_at IS NULL THEN m.expires_at WHEN m.expires_at IS NULL"
+          " OR m.superseded_at < m.expires_at THEN m.superseded_at ELSE m.expires_at END")
+"""When a memory (alias m) leaves current searches: its expiry, or the instant it was superseded if earlier."""
+
+
+CHANGED_VECTOR = 1
+"""owner_changes.kind of a re-embedding (0: confidence, expiry or supersession; 2: a deletion)."""
+
+
+PATCH_SHARE = 0.25
+"""A cached matrix catches up with changes (SQLiteStore._caught_up) while the rows it would re-read, and the rows it
+holds for deleted memories, are each at most this share of it; beyond that reading every row again is as quick and
+leaves no dead rows to scan."""
+
+
 CHECKPOINT_PAUSE_S = 0.2
 """The background checkpointer runs at most this often: it copies what the commits since wrote in one go."""
 
@@ -192,7 +207,7 @@ class _Statements:
 class SQLiteStore(SQLRecords):
     """One file (or ':memory:'), one connection per thread, WAL so several processes can share the file."""
 
-    DERIVED_TABLES = ("owner_generation",)
+    DERIVED_TABLES = ("owner_generation", "owner_changes")
 
     def __init__(self, path: str, vector_cache_mb: float | None = None, *,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
@@ -692,8 +707,10 @@ class SQLiteStore(SQLRecords):
         return [Scored(_memory(rows[k]), score) for k, (_, score) in zip(keys, picks) if k in rows]
 
     def _owner_vectors(self, owner: Owner, model: str) -> VectorMatrix:
-        """The owner's vectors of `model`, cached in process: new rows are appended to the cached matrix, and any
-        other change (delete, re-embed, expiry or confidence change) rebuilds it, as does a search after eviction."""
+        """The owner's vectors of `model`, cached in process: new rows are appended to the cached matrix, other
+        changes (delete, expiry or confidence change, supersession) are caught up with by re-reading the rows they
+        touched (_caught_up), and a re-embedding, or more changes than that can follow, rebuilds it, as does a
+        search after eviction."""
         row = self._q("SELECT generation, appended FROM owner_generation WHERE tenant = ? AND user_id = ?",
                       (owner.tenant, owner.user)).fetchone()
         stamp: tuple[int, int] = (row[0], row[1]) if row else (0, 0)
@@ -705,6 +722,9 @@ class SQLiteStore(SQLRecords):
             cached = self._vectors.get(cache_key)
             if cached is not None and (cached.generation, cached.appended) == stamp:
                 return cached.matrix  # another thread refreshed it meanwhile
+            if cached is not None and cached.generation < stamp[0]:
+                caught = self._caught_up(owner, model, cached.matrix, cached.generation, stamp[0], deletes=True)
+                cached = None if caught is None else _OwnerVectors(stamp[0], -1, caught)
             saved = None
             if cached is None or cached.generation != stamp[0]:
                 saved = self._saved_vectors(owner, model, stamp[0])
@@ -720,20 +740,63 @@ class SQLiteStore(SQLRecords):
                 self._warn_cache_full(matrix)
         return matrix
 
+    def _caught_up(self, owner: Owner, model: str, matrix: VectorMatrix, since: int, generation: int,
+                   deletes: bool) -> VectorMatrix | None:
+        """`matrix`, the owner's at generation `since`, brought to `generation` by re-reading only the rows whose
+        changes owner_changes lists (m013); rows added since are left to `extended`. None when it cannot be, and the
+        caller reads every row again: entries already dropped (more than CHANGES_KEPT behind) or missing (the owner
+        was erased meanwhile), the newest row no change names no longer as it was (erased and refilled), a vector
+        re-embedded, too many rows (PATCH_SHARE), or a memory deleted where `deletes` is False or the vectors are
+        a mapped file's (a deleted memory's vector must leave memory, and the file went with the deletion)."""
+        if not since < generation <= since + CHANGES_KEPT or matrix.size == 0:
+            return None
+        changes = self._q("SELECT pk, kind FROM owner_changes WHERE tenant = ? AND user_id = ? AND generation > ?"
+                          " AND generation <= ?", (owner.tenant, owner.user, since, generation)).fetchall()
+        if len(changes) != generation - since or any(kind == CHANGED_VECTOR for _, kind in changes):
+            return None
+        last = matrix.last_key
+        touched = sorted({pk for pk, _ in changes if pk <= last})
+        if len(touched) > matrix.size * PATCH_SHARE:
+            return None
+        keys, changed = matrix.keys, set(touched)
+        probe = next((i for i in range(matrix.size - 1, -1, -1) if int(keys[i]) not in changed), None)
+        if probe is None or not self._still_there(owner, model, int(keys[probe]), matrix.matrix[probe]):
+            return None
+        states: list[Sequence] = []
+        for start in range(0, len(touched), 500):  # SQLite's bound on parameters
+            chunk = touched[start:start + 500]
+            states += self._q(f"SELECT m.pk, m.confidence, {_UNTIL} FROM memories m WHERE m.pk IN"
+                              f" ({','.join('?' * len(chunk))}) AND +m.tenant = ? AND +m.user_id = ?"
+                              " AND m.embed_model = ? AND m.embedding IS NOT NULL",
+                              (*chunk, owner.tenant, owner.user, model)).fetchall()
+        kept = {row[0] for row in states}
+        gone = [pk for pk in touched if pk not in kept]
+        if gone and (not deletes or not matrix.writable
+                     or matrix.dropped + len(gone) > matrix.size * PATCH_SHARE):
+            return None
+        return matrix.patched(states, gone, parse_ts)
+
     def _saved_vectors(self, owner: Owner, model: str, generation: int) -> VectorMatrix | None:
         """The owner's matrix from its vector file (_sqlite_vector_files.py), when one was written at this
-        generation and its last row is still in the database as it was."""
+        generation and its last row is still in the database as it was, or at an earlier one it can catch up from
+        without a deletion between (a deletion removes the tenant's files; one left behind is not trusted)."""
         if self._files is None:
             return None
 
-        def still_there(key: int, row: np.ndarray) -> bool:
-            found = self._q("SELECT embedding FROM memories WHERE pk = ? AND tenant = ? AND user_id = ?"
-                            " AND embed_model = ? UNION ALL SELECT embedding FROM memory_pieces WHERE memory_pk = ?"
-                            " AND tenant = ? AND user_id = ? AND embed_model = ?",
-                            (key, owner.tenant, owner.user, model, key, owner.tenant, owner.user, model)).fetchall()
-            return any(blob is not None and len(blob) == 4 * row.shape[0]
-                       and np.array_equal(normalize(np.frombuffer(blob, dtype="<f4")), row) for (blob,) in found)
-        return self._files.load(owner, model, generation, still_there)
+        def current(matrix: VectorMatrix, written_at: int) -> VectorMatrix | None:
+            if written_at < generation:
+                return self._caught_up(owner, model, matrix, written_at, generation, deletes=False)
+            return matrix if self._still_there(owner, model, matrix.last_key, matrix.matrix[-1]) else None
+        return self._files.load(owner, model, generation, current)
+
+    def _still_there(self, owner: Owner, model: str, key: int, row: np.ndarray) -> bool:
+        """Whether the owner's memory `key` still has `row` (normalized) as its vector or one of its pieces'."""
+        found = self._q("SELECT embedding FROM memories WHERE pk = ? AND tenant = ? AND user_id = ?"
+                        " AND embed_model = ? UNION ALL SELECT embedding FROM memory_pieces WHERE memory_pk = ?"
+                        " AND tenant = ? AND user_id = ? AND embed_model = ?",
+                        (key, owner.tenant, owner.user, model, key, owner.tenant, owner.user, model)).fetchall()
+        return any(blob is not None and len(blob) == 4 * row.shape[0]
+                   and np.array_equal(normalize(np.frombuffer(blob, dtype="<f4")), row) for (blob,) in found)
 
     def _generation_now(self, owner: Owner) -> int:
         """The owner's generation as committed now, read on a connection of its own (the vector file writer's
@@ -755,11 +818,8 @@ class SQLiteStore(SQLRecords):
 
     def _vector_rows(self, owner: Owner, model: str, after: int) -> list[Sequence]:
         """(pk, vector, confidence, until) of the owner's rows and their later pieces: a superseded row counts as
-        expired from the instant it was closed, so the cached matrix serves current memories only (closing one
-        rebuilds it)."""
-        until = ("CASE WHEN m.superseded_at IS NULL THEN m.expires_at WHEN m.expires_at IS NULL"
-                 " OR m.superseded_at < m.expires_at THEN m.superseded_at ELSE m.expires_at END")
-        return self._with_pieces(owner, model, f"m.pk, m.embedding, m.confidence, {until}", " AND m.pk > ?", (after,))
+        expired from the instant it was closed, so the cached matrix serves current memories only."""
+        return self._with_pieces(owner, model, f"m.pk, m.embedding, m.confidence, {_UNTIL}", " AND m.pk > ?", (after,))
 
     def _view_vectors(self, owner: Owner, model: str, view: View) -> VectorMatrix:
         """The owner's vectors of `model` that a view of the past sees, read now, not cached."""
