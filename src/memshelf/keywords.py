@@ -101,6 +101,8 @@ def _grams(run: str) -> list[str]:
 def index_text(text: str) -> str:
     """`text` as the full-text indexes hold it: each CJK run replaced by its tokens (_grams), space-separated.
     Text without CJK comes back unchanged."""
+    if text.isascii():  # most text, and no CJK: skip the pattern
+        return text
     return CJK_RUN.sub(lambda run: " " + " ".join(_grams(run.group())) + " ", text)
 
 

@@ -342,7 +342,7 @@ class Shelf:
             raise InvalidInput("vector must be a list of numbers") from exc
         if array.ndim != 1 or array.size == 0:
             raise InvalidInput(f"vector must be a flat, non-empty list of numbers, got shape {array.shape}")
-        if not np.all(np.isfinite(array)):
+        if not np.isfinite(array.sum(dtype=np.float64)):  # float32s cannot overflow a float64 sum: exact
             raise InvalidInput("vector contains NaN or infinity: pass finite numbers")
         return pack(array), self.embedder.model
 

@@ -45,6 +45,10 @@ MMAP_BYTES = 1 << 30
 _TS = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
 
 
+@overload
+def ts(value: datetime) -> str: ...
+@overload
+def ts(value: None) -> None: ...
 def ts(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).strftime(_TS)
 
@@ -410,7 +414,7 @@ class SQLiteStore(SQLRecords):
         """A batch's new rows go in with one statement, their keys given (the next after the largest, as SQLite
         would choose them; the write lock is held), each row's conversation context made from the rows before it
         in the batch once the stored ones are read (once per topic), then their full-text entries, then the count."""
-        from .._ids import new_id
+        from .._ids import new_ids
 
         stored: list[Memory | None] = []
         tag = owner_tag(owner)
@@ -423,6 +427,15 @@ class SQLiteStore(SQLRecords):
             added: list[NewMemory] = []
             tails: dict[str, list[str]] = {}  # per topic: the contents a new row's context is made of
             again: list[tuple[int, NewMemory, str]] = []
+            ids = iter(new_ids("m", len(items)))
+            stamps: dict[str, datetime] = {}
+
+            def parsed(text: str) -> datetime:  # each instant's text parsed once a batch
+                found = stamps.get(text)
+                if found is None:
+                    found = stamps[text] = parse_ts(text)
+                return found
+
             for item, key in zip(items, keys):
                 if key in seen:
                     again.append((len(stored), item, key))
@@ -436,14 +449,17 @@ class SQLiteStore(SQLRecords):
                 context = "\n".join(tail)
                 tail.append(item.content)
                 del tail[:-CONTEXT_TURNS]
-                memory_id, created, expires = new_id("m"), ts(item.created_at), ts(item.expires_at)
+                created = seen_at if item.created_at == now else ts(item.created_at)  # one strftime a batch
+                memory_id, expires = next(ids), ts(item.expires_at)
                 added.append(item)
                 rows.append((next_pk + len(rows), memory_id, owner.tenant, owner.user, item.topic, item.content, key,
                              tag, item.source, item.confidence, created, seen_at, expires, item.vector,
                              item.embed_model, context))
-                # the row as reading it back would give it (MEMORY_COLUMNS' order)
-                stored.append(_memory((memory_id, item.topic, item.content, item.source, item.confidence, created,
-                                       expires, seen_at, 1, item.embed_model, None, None, None, None)))
+                # the row as reading it back would give it
+                stored.append(Memory(id=memory_id, topic=item.topic, content=item.content, source=item.source,
+                                     confidence=item.confidence, created_at=parsed(created),
+                                     expires_at=None if expires is None else parsed(expires),
+                                     last_seen=parsed(seen_at), observations=1, embed_model=item.embed_model))
             self._many("INSERT INTO memories (pk, id, tenant, user_id, topic, content, digest, owner_tag, source,"
                        " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)", rows)
