@@ -533,10 +533,12 @@ def current_ids(shelf: Shelf, owner: Owner, source: str | None = None) -> list[s
 
 
 @pytest.mark.parametrize("compact", [False, True])
-def test_a_matrix_caught_up_with_changes_answers_as_one_read_afresh(tmp_path, monkeypatch, compact):
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_matrix_caught_up_with_changes_answers_as_one_read_afresh(tmp_path, monkeypatch, compact, alone):
     """Forget, confirm, expire, supersede and remember in a random order, by the cached store and by a second one on
     the same file; after each, both answer as a store opened afresh, and the cached matrix is rebuilt only after a
-    re-embedding (or when deletions have left too many dead rows in it)."""
+    re-embedding (or when deletions have left too many dead rows in it, or a forgotten key went to a new memory).
+    alone: Kaleb is the file's only owner, so his newest rows hold the largest keys, which new rows reuse."""
     if compact:
         if _vectors._kernel is None:
             pytest.skip("no int8 kernel (simsimd) on this platform")
@@ -556,17 +558,19 @@ def test_a_matrix_caught_up_with_changes_answers_as_one_read_afresh(tmp_path, mo
                 for _ in range(n)]
 
     shelf.remember_many(KALEB, items(80))
-    shelf.remember_many(MAYA, items(30))
+    if not alone:
+        shelf.remember_many(MAYA, items(30))
     reads = vector_reads(monkeypatch)
     assert semantic_answers(shelf)[0]  # the matrix is cached
     allowed, changes = 1, 0
+    used = {r[0] for r in shelf.store._q("SELECT pk FROM memories").fetchall()}
     for step in range(70):
         actor = rng.choice([shelf, other])
-        owner = KALEB if rng.random() < 0.85 else MAYA
+        owner = KALEB if alone or rng.random() < 0.85 else MAYA
         ids = current_ids(actor, owner)
         kind = rng.choice(["forget", "confirm", "expire", "expire", "supersede", "remember", "reembed"])
-        if kind == "forget":
-            actor.forget(owner, rng.choice(ids))
+        if kind == "forget":  # the newest half the time: its key goes to the next new memory
+            actor.forget(owner, ids[-1] if rng.random() < 0.5 else rng.choice(ids))
         elif kind == "confirm" and current_ids(actor, owner, "inferred"):
             actor.confirm(owner, rng.choice(current_ids(actor, owner, "inferred")))
         elif kind == "expire":
@@ -575,7 +579,10 @@ def test_a_matrix_caught_up_with_changes_answers_as_one_read_afresh(tmp_path, mo
             old, new = rng.sample(ids, 2)
             assert actor.store.supersede_memory(owner, old, new, actor.now())
         elif kind == "remember":
-            actor.remember_many(owner, items(rng.randint(1, 3)))
+            added = actor.remember_many(owner, items(rng.randint(1, 3)))
+            keys = {actor.store._q("SELECT pk FROM memories WHERE id = ?", (m.id,)).fetchone()[0] for m in added}
+            allowed += owner == KALEB and bool(keys & used)  # a forgotten key again: read afresh
+            used |= keys
         elif kind == "reembed":  # another tool rewrote one vector under the same model name
             with actor.store.atomic():
                 actor.store._q("UPDATE memories SET embedding = (SELECT embedding FROM memories WHERE id = ?)"
@@ -619,6 +626,38 @@ def test_a_forgotten_memorys_vector_is_zeroed_in_the_cached_matrix(tmp_path, mon
     assert newest.id not in [h.memory.id for h in shelf.search(owner, newest.content, mode="semantic")]
     assert rebuilds(reads, shelf) == 1
     shelf.close()
+
+
+@pytest.mark.parametrize("search_between", [True, False])
+def test_a_deleted_memorys_key_given_to_a_new_memory_never_brings_back_the_old_vector(
+        tmp_path, monkeypatch, search_between):
+    """SQLite gives a new row the largest key plus one, so forgetting the newest memories frees their keys for the
+    next ones: whether the cache caught up with the forget before the new memory came or not, it must serve the
+    new memory's vector under that key, never the forgotten one's."""
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    path = tmp_path / "memory.db"
+    shelf = Shelf.open(path, embedder=HashEmbedder())
+    shelf.remember_many(KALEB, [{"topic": "note", "content": f"{WORDS[j % 10]} {WORDS[(j * 3) % 10]} note {j}"}
+                                for j in range(40)])
+    newest = shelf.list_memories(KALEB, limit=2)[0]
+    keys = [shelf.store._q("SELECT pk FROM memories WHERE id = ?", (m.id,)).fetchone()[0] for m in newest]
+    assert semantic_answers(shelf)
+    for memory in newest:
+        shelf.forget(KALEB, memory.id)
+    if search_between:
+        assert semantic_answers(shelf)
+    new = shelf.remember(KALEB, "note", "the garden kettle by the window")
+    assert shelf.store._q("SELECT pk FROM memories WHERE id = ?", (new.id,)).fetchone()[0] == min(keys)  # reused
+    fresh = Shelf.open(path, embedder=HashEmbedder())
+    try:
+        for question in [newest[0].content, newest[1].content, new.content, *QUESTIONS]:
+            expected = [(h.memory.id, h.score) for h in fresh.search(KALEB, question, mode="semantic", limit=10)]
+            got = [(h.memory.id, h.score) for h in shelf.search(KALEB, question, mode="semantic", limit=10)]
+            assert got == expected, question
+        assert shelf.search(KALEB, new.content, mode="semantic", limit=1)[0].memory.id == new.id
+    finally:
+        fresh.close()
+        shelf.close()
 
 
 def test_more_changes_than_the_store_keeps_rebuild_the_matrix(tmp_path, monkeypatch):

@@ -259,11 +259,15 @@ class VectorMatrix:
     def patched(self, states: Sequence[Sequence], gone: Sequence[int],
                 parse_time: Callable[[Any], datetime | None]) -> VectorMatrix:
         """This matrix with some memories changed in place of a rebuild. states: (key, confidence, expires_at) as
-        the backend stores them, given to every row (piece) of the key; gone: keys whose rows leave every search,
-        their vectors zeroed (the buffers must be `writable`). Keys the matrix does not hold are skipped. The
-        confidences and expiry times are copied first, so a reader holding this matrix keeps seeing them as they
-        were; only a gone row's vector changes under it, and a reader's answer is read back from the database,
-        where that row no longer is."""
+        the backend stores them, given to every live row (piece) of the key; gone: keys whose rows leave every
+        search for good, their vectors zeroed (the buffers must be `writable`). Keys the matrix does not hold are
+        skipped. The confidences and expiry times are copied first, so a reader holding this matrix keeps seeing
+        them as they were; only a gone row's vector changes under it, and a reader's answer is read back from the
+        database, where that row no longer is.
+
+        Gone rows at the end are cut off, so that `last_key` is a live row's: the backend may give a deleted
+        memory's key to the next new one (SQLite takes the largest key plus one), which `extended` then appends
+        in key order. The cut matrix has no spare room: the rows cut stay out of the next append's way."""
         confidence, expires = self._confidence.copy(), self._expires.copy()
         keys = self.keys
 
@@ -272,14 +276,26 @@ class VectorMatrix:
 
         for key, level, until in states:
             at = rows(key)
-            confidence[at], expires[at] = level, _epoch(parse_time(until))
+            live = expires[at] != -math.inf  # a gone row stays gone
+            confidence[at] = np.where(live, level, confidence[at])
+            expires[at] = np.where(live, _epoch(parse_time(until)), -math.inf)
         for key in gone:
             at = rows(key)
             expires[at] = -math.inf
             self._matrix[at] = 0.0
             if self._compact is not None and self._scales is not None:
                 self._compact[at], self._scales[at] = 0, 0.0
-        return dataclasses.replace(self, _confidence=confidence, _expires=expires)
+        size = self.size
+        while size and expires[size - 1] == -math.inf:
+            size -= 1
+        if size == self.size:
+            return dataclasses.replace(self, _confidence=confidence, _expires=expires)
+        kept = self.keys[:size]
+        return dataclasses.replace(
+            self, size=size, _keys=kept, _matrix=self._matrix[:size], _confidence=confidence[:size],
+            _expires=expires[:size], _compact=None if self._compact is None else self._compact[:size],
+            _scales=None if self._scales is None else self._scales[:size],
+            repeats=int(np.count_nonzero(kept[1:] == kept[:-1])))
 
     def save(self, path: Path, stamp: dict[str, Any]) -> None:
         """Write the rows to `path` as `mapped` reads them back: numpy arrays one after the other, the first a JSON

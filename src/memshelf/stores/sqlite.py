@@ -136,8 +136,8 @@ _UNTIL = ("CASE WHEN m.superseded_at IS NULL THEN m.expires_at WHEN m.expires_at
 """When a memory (alias m) leaves current searches: its expiry, or the instant it was superseded if earlier."""
 
 
-CHANGED_VECTOR = 1
-"""owner_changes.kind of a re-embedding (0: confidence, expiry or supersession; 2: a deletion)."""
+CHANGED_VECTOR, DELETED = 1, 2
+"""owner_changes.kind of a re-embedding and of a deletion (0: confidence, expiry or supersession)."""
 
 
 PATCH_SHARE = 0.25
@@ -775,7 +775,9 @@ class SQLiteStore(SQLRecords):
         if len(touched) > matrix.size * PATCH_SHARE:
             return None
         keys, changed = matrix.keys, set(touched)
-        probe = next((i for i in range(matrix.size - 1, -1, -1) if int(keys[i]) not in changed), None)
+        expires = matrix.expires
+        probe = next((i for i in range(matrix.size - 1, -1, -1)
+                      if int(keys[i]) not in changed and expires[i] != -np.inf), None)
         if probe is None or not self._still_there(owner, model, int(keys[probe]), matrix.matrix[probe]):
             return None
         states: list[Sequence] = []
@@ -786,6 +788,8 @@ class SQLiteStore(SQLRecords):
                               " AND m.embed_model = ? AND m.embedding IS NOT NULL",
                               (*chunk, owner.tenant, owner.user, model)).fetchall()
         kept = {row[0] for row in states}
+        if any(kind == DELETED and pk in kept for pk, kind in changes):
+            return None  # a deleted row's key was given to a new memory: the matrix holds the old one's vector
         gone = [pk for pk in touched if pk not in kept]
         if gone and (not deletes or not matrix.writable
                      or matrix.dropped + len(gone) > matrix.size * PATCH_SHARE):
