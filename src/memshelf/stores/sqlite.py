@@ -766,12 +766,22 @@ class SQLiteStore(SQLRecords):
         a mapped file's (a deleted memory's vector must leave memory, and the file went with the deletion)."""
         if not since < generation <= since + CHANGES_KEPT or matrix.size == 0:
             return None
-        changes = self._q("SELECT pk, kind FROM owner_changes WHERE tenant = ? AND user_id = ? AND generation > ?"
-                          " AND generation <= ?", (owner.tenant, owner.user, since, generation)).fetchall()
-        if len(changes) != generation - since or any(kind == CHANGED_VECTOR for _, kind in changes):
+        # One statement, so the changes and the rows they name are read from one snapshot. Changes after
+        # `generation` (made since the caller read it) come too: their rows are read as they are now, so they count
+        # in the checks below; the next search catches up with them again, which changes nothing twice.
+        changes = self._q(f"SELECT c.generation, c.pk, c.kind, m.pk, m.confidence, {_UNTIL} FROM owner_changes c"
+                          " LEFT JOIN memories m ON m.pk = c.pk AND m.tenant = c.tenant AND m.user_id = c.user_id"
+                          " AND m.embed_model = ? AND m.embedding IS NOT NULL"
+                          " WHERE c.tenant = ? AND c.user_id = ? AND c.generation > ?",
+                          (model, owner.tenant, owner.user, since)).fetchall()
+        if sum(1 for change in changes if change[0] <= generation) != generation - since \
+                or any(change[2] == CHANGED_VECTOR for change in changes):
             return None
         last = matrix.last_key
-        touched = sorted({pk for pk, _ in changes if pk <= last})
+        mine = [change for change in changes if change[1] <= last]  # later rows are left to `extended`
+        if any(kind == DELETED and found is not None for _, _, kind, found, _, _ in mine):
+            return None  # a deleted row's key was given to a new memory: the matrix holds the old one's vector
+        touched = sorted({change[1] for change in mine})
         if len(touched) > matrix.size * PATCH_SHARE:
             return None
         keys, changed = matrix.keys, set(touched)
@@ -780,16 +790,9 @@ class SQLiteStore(SQLRecords):
                       if int(keys[i]) not in changed and expires[i] != -np.inf), None)
         if probe is None or not self._still_there(owner, model, int(keys[probe]), matrix.matrix[probe]):
             return None
-        states: list[Sequence] = []
-        for start in range(0, len(touched), 500):  # SQLite's bound on parameters
-            chunk = touched[start:start + 500]
-            states += self._q(f"SELECT m.pk, m.confidence, {_UNTIL} FROM memories m WHERE m.pk IN"
-                              f" ({','.join('?' * len(chunk))}) AND +m.tenant = ? AND +m.user_id = ?"
-                              " AND m.embed_model = ? AND m.embedding IS NOT NULL",
-                              (*chunk, owner.tenant, owner.user, model)).fetchall()
-        kept = {row[0] for row in states}
-        if any(kind == DELETED and pk in kept for pk, kind in changes):
-            return None  # a deleted row's key was given to a new memory: the matrix holds the old one's vector
+        states = list({found: (found, level, until) for _, _, _, found, level, until in mine
+                       if found is not None}.values())
+        kept = {state[0] for state in states}
         gone = [pk for pk in touched if pk not in kept]
         if gone and (not deletes or not matrix.writable
                      or matrix.dropped + len(gone) > matrix.size * PATCH_SHARE):
