@@ -8,6 +8,19 @@ WHITESPACE_DIGESTS = "m006_whitespace_digests"
 CHANGES_KEPT = 4_096
 """How many of an owner's latest entries owner_changes keeps (m013): a cached matrix further behind is rebuilt."""
 
+
+_VECTOR_CHANGED = "old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_model"
+
+
+def _logged(row: str, kind: str) -> str:
+    """A generation trigger's entry in owner_changes (m013): the key of `row` (old or new) with `kind`, then the
+    owner's entries more than CHANGES_KEPT generations old dropped."""
+    owner = f"tenant = {row}.tenant AND user_id = {row}.user_id"
+    return (f"    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)\n"
+            f"    SELECT tenant, user_id, generation, {row}.pk, {kind} FROM owner_generation WHERE {owner};\n"
+            f"    DELETE FROM owner_changes WHERE {owner} AND generation <=\n"
+            f"        (SELECT generation FROM owner_generation WHERE {owner}) - {CHANGES_KEPT};")
+
 CJK_INDEX = "m010_cjk_pairs"
 """The migration after whose SQL stores/sqlite.py rebuilds every tenant's full-text tables from its rows."""
 
@@ -284,11 +297,7 @@ DROP TRIGGER memories_gen_supersede;
 CREATE TRIGGER memories_gen_delete AFTER DELETE ON memories BEGIN
     UPDATE owner_generation SET generation = generation + 1, memories = memories - 1
     WHERE tenant = old.tenant AND user_id = old.user_id;
-    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)
-    SELECT tenant, user_id, generation, old.pk, 2 FROM owner_generation
-    WHERE tenant = old.tenant AND user_id = old.user_id;
-    DELETE FROM owner_changes WHERE tenant = old.tenant AND user_id = old.user_id AND generation <=
-        (SELECT generation FROM owner_generation WHERE tenant = old.tenant AND user_id = old.user_id) - {CHANGES_KEPT};
+{_logged('old', '2')}
 END;
 CREATE TRIGGER memories_gen_update AFTER UPDATE OF embedding, embed_model, expires_at, confidence ON memories
 WHEN old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_model
@@ -296,23 +305,14 @@ WHEN old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_mode
 BEGIN
     UPDATE owner_generation SET generation = generation + 1
     WHERE tenant = new.tenant AND user_id = new.user_id;
-    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)
-    SELECT tenant, user_id, generation, new.pk,
-           old.embedding IS NOT new.embedding OR old.embed_model IS NOT new.embed_model FROM owner_generation
-    WHERE tenant = new.tenant AND user_id = new.user_id;
-    DELETE FROM owner_changes WHERE tenant = new.tenant AND user_id = new.user_id AND generation <=
-        (SELECT generation FROM owner_generation WHERE tenant = new.tenant AND user_id = new.user_id) - {CHANGES_KEPT};
+{_logged('new', _VECTOR_CHANGED)}
 END;
 CREATE TRIGGER memories_gen_supersede AFTER UPDATE OF superseded_at ON memories
 WHEN old.superseded_at IS NOT new.superseded_at
 BEGIN
     UPDATE owner_generation SET generation = generation + 1
     WHERE tenant = new.tenant AND user_id = new.user_id;
-    INSERT INTO owner_changes (tenant, user_id, generation, pk, kind)
-    SELECT tenant, user_id, generation, new.pk, 0 FROM owner_generation
-    WHERE tenant = new.tenant AND user_id = new.user_id;
-    DELETE FROM owner_changes WHERE tenant = new.tenant AND user_id = new.user_id AND generation <=
-        (SELECT generation FROM owner_generation WHERE tenant = new.tenant AND user_id = new.user_id) - {CHANGES_KEPT};
+{_logged('new', '0')}
 END;
 """),
 ]
