@@ -20,7 +20,8 @@ from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
 from memshelf.model import Memory, NewMemory
 from memshelf.stores.base import Evidence
-from memshelf.stores.postgres import Blob, PostgresStore, exact_query, index_names, index_statements
+from memshelf.stores.postgres import (
+    Blob, PostgresStore, bm25_query, exact_query, index_names, index_statements, tsquery_text)
 from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
 from memshelf.stores.sqlite import SQLiteStore
 from memshelf.testing import Clock
@@ -881,3 +882,31 @@ def test_expired_and_superseded_memories_do_not_make_a_word_common(pg_fresh_url)
             assert shelf.store.supersede_memory(owner, replaced.id, newer.id, clock())
         assert _ranked(shelf, churned, "falcon report") == _ranked(shelf, plain, "falcon report")
         assert [text for text, _ in _ranked(shelf, churned, "falcon")] == ["The falcon report is due."]
+
+
+def _plan_nodes(node: dict) -> list[dict]:
+    return [node, *(child for sub in node.get("Plans", []) for child in _plan_nodes(sub))]
+
+
+@pytest.mark.parametrize("with_context", [False, True], ids=["keyword", "hybrid side"])
+def test_the_keyword_statistics_are_gathered_once_per_query_not_once_per_hit(pg_fresh_url, with_context):
+    """The bm25 statistics (document frequencies, average length) are one aggregate over the hits. Under row-level
+    security PostgreSQL estimates one hit, and when it may inline that aggregate it recomputes it for every hit:
+    quadratic in the matches (14 ms instead of 1.4 ms for 268 hits of a LoCoMo owner, BENCHMARKS.md)."""
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember_many(A, [{"topic": "t", "content": f"The falcon report {i} is filed."} for i in range(60)])
+        store = shelf.store
+        assert isinstance(store, PostgresStore)
+        terms = ["falcon", "report"]
+        each = [tsquery_text([term]) for term in terms]
+        query = bm25_query(len(each), with_context, "rank DESC, created_at DESC, pk DESC", "")
+        with store._tenant(A.tenant) as cur:
+            plan = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query,
+                               (*each, tsquery_text(terms), A.tenant, A.user, datetime.now(UTC), A.tenant, A.user,
+                                10), prepare=False).fetchone()[0]
+        nodes = _plan_nodes(plan[0]["Plan"])
+        aggregates = [node for node in nodes if node["Node Type"] == "Aggregate"]
+        assert aggregates and all(node["Actual Loops"] == 1 for node in aggregates)
+        assert max(node["Actual Rows"] for node in nodes if node.get("CTE Name") == "hits") >= 60  # enough to tell
+        found = store.keyword_search(A, terms, 10, datetime.now(UTC), by_confidence=not with_context)
+        assert len(found) == 10

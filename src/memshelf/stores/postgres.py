@@ -194,7 +194,10 @@ def bm25_query(terms: int, with_context: bool, order: str, seen: str) -> str:
 
     With context (the hybrid's candidates) a term also counts CONTEXT_WEIGHT where it is in the row's conversation
     context, whether or not it is in the row's own words (as in SQLite's context table), and the context's length
-    counts as much toward the row's. Only the best `limit` rows are read back whole."""
+    counts as much toward the row's. Only the best `limit` rows are read back whole.
+
+    Both CTEs are MATERIALIZED: under row-level security the planner expects one hit, and an inlined `stats` was
+    computed again for every hit (quadratic: 14 ms instead of 1.4 ms for 268 hits, BENCHMARKS.md)."""
     weight = f"{float(CONTEXT_WEIGHT)!r}::float8"
     context = "coalesce(m.context_search, ''::tsvector)"
     length = f"length(m.search) + {weight} * length({context})" if with_context else "length(m.search)"
@@ -210,8 +213,8 @@ def bm25_query(terms: int, with_context: bool, order: str, seen: str) -> str:
     return ("WITH hits AS MATERIALIZED ("
             f"SELECT m.pk, m.confidence, m.created_at, ({length})::float8 AS dl{found} FROM memories m{queries}"
             f" WHERE m.search @@ to_tsquery('memshelf_text', %s) AND {_OWNER} AND {_LIVE}{seen}),"
-            f" stats AS (SELECT avg(dl) AS avgdl{df}, (SELECT count(*) FROM memories m WHERE {_OWNER})::float8 AS n"
-            " FROM hits),"
+            f" stats AS MATERIALIZED (SELECT avg(dl) AS avgdl{df},"
+            f" (SELECT count(*) FROM memories m WHERE {_OWNER})::float8 AS n FROM hits),"
             f" best AS (SELECT h.pk, h.confidence, h.created_at, {score} AS rank FROM hits h, stats s"
             f" ORDER BY {order} LIMIT %s)"
             f" SELECT {MEMORY_COLUMNS}, r.rank FROM best r JOIN memories m ON m.pk = r.pk"
