@@ -1,4 +1,5 @@
-"""Ingest speed (issue 17): Shelf.remember_many into a new SQLite file, with pre-computed vectors and without.
+"""Ingest speed (issue 17): Shelf.remember_many into a new SQLite file, with pre-computed vectors and without; and,
+with --kinds, the store's import_memories (what `memshelf migrate` and Shelf.import_ write through).
 
 Each measurement runs in a fresh Python process: --rows statements from the keyword benchmark's text generator, in
 batches of --batch, one owner, into a new file (WAL, as Shelf.open makes it); with vectors, each item carries a
@@ -9,6 +10,10 @@ are measured in the same run, alternating round by round; the medians of --round
 
     .venv/bin/python bench/bench_ingest.py                                   # 20,000 rows, 3 rounds
     .venv/bin/python bench/bench_ingest.py --src ../before/src --src src --json out.json
+    .venv/bin/python bench/bench_ingest.py --kinds "import with vectors" --src ../before/src --src src
+
+"import with vectors": the same rows as Memory records (ids, times, provenance given, as a migration copies them)
+with their vector blobs, through SQLiteStore.import_memories in batches of --batch.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, print_table, save_json  # noqa: E402
 
-KINDS = ("with vectors", "keywords only")
+KINDS = ("with vectors", "keywords only", "import with vectors")
 
 
-def load(rows: int, batch: int, vectors: bool) -> float:
+def load(rows: int, batch: int, kind: str) -> float:
     """Rows per second of one load into a new file (run in a worker process)."""
     import numpy as np
 
@@ -40,7 +45,10 @@ def load(rows: int, batch: int, vectors: bool) -> float:
 
     texts = TextGenerator(seed=5).sentences(rows)
     matrix = np.random.default_rng(1).standard_normal((rows, DIM)).astype(np.float32)
+    vectors = kind != "keywords only"
     items = [{"topic": topic, "content": content, "source": source} for topic, content, source in texts]
+    if kind == "import with vectors":
+        return imported(texts, matrix, batch)
     if vectors:
         for item, vector in zip(items, matrix):
             item["vector"] = vector
@@ -55,9 +63,32 @@ def load(rows: int, batch: int, vectors: bool) -> float:
     return rows / elapsed
 
 
-def measure(src: Path, rows: int, batch: int, vectors: bool) -> float:
-    command = [sys.executable, __file__, "--worker", "--rows", str(rows), "--batch", str(batch)]
-    command += ["--vectors"] if vectors else []
+def imported(texts: list[tuple[str, str, str]], matrix: Any, batch: int) -> float:
+    """Rows per second of import_memories into a new file: records as a migration copies them."""
+    from datetime import UTC, datetime, timedelta
+
+    from bench_semantic import SyntheticEmbedder
+    from memshelf import Owner, Shelf
+    from memshelf.model import Memory
+
+    t0, model = datetime(2026, 1, 1, tzinfo=UTC), SyntheticEmbedder().model
+    confidence = {"stated": 1.0, "mined": 0.6, "inferred": 0.4}
+    records = [Memory(f"m{i}", topic, content, source, confidence[source], t0 + timedelta(seconds=i),
+                      embed_model=model) for i, (topic, content, source) in enumerate(texts)]
+    blobs = [vector.astype("<f4").tobytes() for vector in matrix]
+    with tempfile.TemporaryDirectory() as folder:
+        shelf = Shelf.open(Path(folder) / "memory.db", embedder=None)
+        owner = Owner("bench", "one-user")
+        start = time.perf_counter()
+        for at in range(0, len(records), batch):
+            shelf.store.import_memories(owner, records[at:at + batch], blobs[at:at + batch])
+        shelf.close()
+        elapsed = time.perf_counter() - start
+    return len(records) / elapsed
+
+
+def measure(src: Path, rows: int, batch: int, kind: str) -> float:
+    command = [sys.executable, __file__, "--worker", "--rows", str(rows), "--batch", str(batch), "--kind", kind]
     done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True,
                           check=True)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["rows_per_s"])
@@ -71,28 +102,34 @@ def main() -> None:
     parser.add_argument("--src", action="append", type=Path, help="source tree to load with (repeatable; default src)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--vectors", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kinds", default="with vectors,keywords only",
+                        help=f"comma-separated, of: {', '.join(KINDS)} (default the first two)")
+    parser.add_argument("--kind", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps({"rows_per_s": load(args.rows, args.batch, args.vectors)}))
+        print(json.dumps({"rows_per_s": load(args.rows, args.batch, args.kind)}))
         return
+    kinds = [kind.strip() for kind in args.kinds.split(",")]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown kinds {unknown}: use {', '.join(KINDS)}")
     sources = [src.resolve() for src in (args.src or [ROOT / "src"])]
-    samples: dict[str, dict[str, list[float]]] = {str(src): {kind: [] for kind in KINDS} for src in sources}
+    samples: dict[str, dict[str, list[float]]] = {str(src): {kind: [] for kind in kinds} for src in sources}
     for _ in range(args.rounds):
-        for kind in KINDS:
+        for kind in kinds:
             for src in sources:
-                samples[str(src)][kind].append(measure(src, args.rows, args.batch, kind == "with vectors"))
+                samples[str(src)][kind].append(measure(src, args.rows, args.batch, kind))
     report: dict[str, Any] = {"machine": machine(), "rows": args.rows, "batch": args.batch, "rounds": args.rounds,
                               "sources": samples}
     first = str(sources[0])
     rows = []
     for src in sources:
-        for kind in KINDS:
+        for kind in kinds:
             median = statistics.median(samples[str(src)][kind])
             ratio = median / statistics.median(samples[first][kind])
             rows.append([os.path.relpath(src), kind, f"{median:,.0f}",
                          " / ".join(f"{value:,.0f}" for value in samples[str(src)][kind]), f"{ratio:.2f}x"])
-    print_table(f"remember_many into a new SQLite file ({args.rows:,} rows, batches of {args.batch:,}, "
+    print_table(f"Into a new SQLite file ({args.rows:,} rows, batches of {args.batch:,}, "
                 f"median of {args.rounds} rounds)", ["source", "kind", "rows/s", "rounds", "vs first source"], rows)
     save_json(args.json, report)
 

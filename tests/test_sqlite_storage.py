@@ -560,3 +560,51 @@ def test_the_wal_is_copied_into_the_file_while_the_store_is_open(tmp_path):
     assert len(shelf.search(KALEB, "bulk note number 2999", mode="keyword", limit=1)) == 1
     shelf.close()
     assert not Path(str(path) + "-wal").exists() or Path(str(path) + "-wal").stat().st_size == 0
+
+
+# ---------------------------------------------------------------------------------------------- import in batches
+def _imported(store: SQLiteStore) -> list[tuple]:
+    return store._q("SELECT pk, id, tenant, user_id, topic, content, source, confidence, created_at, last_seen,"
+                    " observations, expires_at, embedding, embed_model, context, superseded_at, superseded_by,"
+                    " confirmed_at, confirmed_from FROM memories ORDER BY pk").fetchall()
+
+
+def test_a_batch_import_stores_what_importing_one_record_at_a_time_stores(tmp_path):
+    """import_memories writes a batch with one statement; the rows, their conversation context, their pieces and
+    their full-text entries are the same as importing the records one by one, and a record whose id or text the
+    owner has (stored, or earlier in the batch) is skipped, so a second import adds nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from memshelf.model import Memory
+
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    records = [Memory(f"m{i}", f"session_{i % 3}", f"Turn {i} of the talk about the boiler {i % 5}.",
+                      ("stated", "mined", "inferred")[i % 3], (1.0, 0.6, 0.4)[i % 3], t0 + timedelta(minutes=i),
+                      expires_at=t0 + timedelta(days=400) if i % 4 == 0 else None,
+                      last_seen=t0 + timedelta(minutes=i, seconds=30), observations=1 + i % 2,
+                      embed_model="test:hash-64" if i % 2 == 0 else None,
+                      superseded_at=t0 + timedelta(hours=1) if i == 3 else None,
+                      superseded_by="m4" if i == 3 else None,
+                      confirmed_at=t0 + timedelta(hours=2) if i == 5 else None,
+                      confirmed_from="mined" if i == 5 else None)
+               for i in range(40)]
+    records.append(Memory("m1", "elsewhere", "Same id, other text.", "stated", 1.0, t0))  # an id seen before
+    records.append(Memory("m99", records[7].topic, records[7].content, "stated", 1.0, t0))  # a text seen before
+    vectors = [bytes(range(8)) * 32 if r.embed_model else None for r in records]
+    pieces = [[bytes(256)] * 2 if i == 6 else [] for i in range(len(records))]
+
+    batched, single = SQLiteStore(str(tmp_path / "batched.db")), SQLiteStore(str(tmp_path / "single.db"))
+    for store in (batched, single):  # something stored first, so contexts start from stored rows
+        store.import_memories(KALEB, [Memory("m0-old", "session_0", "Before the import.", "stated", 1.0, t0)],
+                              [None])
+    assert batched.import_memories(KALEB, records, vectors, pieces) == 40
+    assert sum(single.import_memories(KALEB, [r], [v], [p]) for r, v, p in zip(records, vectors, pieces)) == 40
+    assert _imported(batched) == _imported(single)
+    assert batched.memory_pieces(KALEB, ["m6"]) == single.memory_pieces(KALEB, ["m6"]) == {"m6": [bytes(256)] * 2}
+    assert batched.import_memories(KALEB, records, vectors, pieces) == 0
+    assert _imported(batched) == _imported(single)
+    contexts = {row[1]: row[14] for row in _imported(batched)}
+    assert contexts["m3"] == "Before the import.\nTurn 0 of the talk about the boiler 0."
+    for store in (batched, single):
+        store.close()
+    assert_index_consistent(tmp_path / "batched.db")

@@ -421,11 +421,11 @@ class SQLiteStore(SQLRecords):
         keys = [digest(item.topic, item.content) for item in items]
         seen_at = ts(now)
         with self.atomic():
-            seen = self._stored_digests(owner, keys)  # what is already there, or was added by this batch
+            seen = self._stored(owner, "digest", keys)  # what is already there, or was added by this batch
             next_pk = self._q("SELECT coalesce(max(pk), 0) + 1 FROM memories").fetchone()[0]
             rows: list[tuple] = []
             added: list[NewMemory] = []
-            tails: dict[str, list[str]] = {}  # per topic: the contents a new row's context is made of
+            context_of = self._contexts(owner)
             again: list[tuple[int, NewMemory, str]] = []
             ids = iter(new_ids("m", len(items)))
             stamps: dict[str, datetime] = {}
@@ -442,13 +442,7 @@ class SQLiteStore(SQLRecords):
                     stored.append(None)
                     continue
                 seen.add(key)
-                tail = tails.get(item.topic)
-                if tail is None:
-                    turns = self._q(earlier_turns("?", "?", "?", None), (owner.tenant, owner.user, item.topic))
-                    tail = tails[item.topic] = [row[1] for row in reversed(turns.fetchall())]
-                context = "\n".join(tail)
-                tail.append(item.content)
-                del tail[:-CONTEXT_TURNS]
+                context = context_of(item.topic, item.content)
                 created = seen_at if item.created_at == now else ts(item.created_at)  # one strftime a batch
                 memory_id, expires = next(ids), ts(item.expires_at)
                 added.append(item)
@@ -477,15 +471,32 @@ class SQLiteStore(SQLRecords):
                                              (row[0],)).fetchone())
         return [memory for memory in stored if memory is not None]
 
-    def _stored_digests(self, owner: Owner, keys: Sequence[str]) -> set[str]:
-        """Which of these digests the owner's memories already have."""
+    def _contexts(self, owner: Owner) -> Callable[[str, str], str]:
+        """For new rows written in order: each one's context, the CONTEXT_TURNS contents before it under its topic
+        (the stored ones read once per topic, then the batch's own)."""
+        tails: dict[str, list[str]] = {}
+
+        def context(topic: str, content: str) -> str:
+            tail = tails.get(topic)
+            if tail is None:
+                turns = self._q(earlier_turns("?", "?", "?", None), (owner.tenant, owner.user, topic))
+                tail = tails[topic] = [row[1] for row in reversed(turns.fetchall())]
+            made = "\n".join(tail)
+            tail.append(content)
+            del tail[:-CONTEXT_TURNS]
+            return made
+        return context
+
+    def _stored(self, owner: Owner, column: str, values: Sequence[str]) -> set[str]:
+        """Which of these values of `column` ("id" or "digest", each unique per owner) the owner's memories have."""
+        assert column in ("id", "digest")
         found: set[str] = set()
-        unique = list(dict.fromkeys(keys))
+        unique = list(dict.fromkeys(values))
         for start in range(0, len(unique), 500):  # SQLite's bound on parameters
             chunk = unique[start:start + 500]
             found.update(r[0] for r in self._q(
-                "SELECT digest FROM memories WHERE tenant = ? AND user_id = ?"
-                f" AND digest IN ({','.join('?' * len(chunk))})", (owner.tenant, owner.user, *chunk)))
+                f"SELECT {column} FROM memories WHERE tenant = ? AND user_id = ?"
+                f" AND {column} IN ({','.join('?' * len(chunk))})", (owner.tenant, owner.user, *chunk)))
         return found
 
     def _count_added(self, owner: Owner, rows: int) -> None:
@@ -552,29 +563,43 @@ class SQLiteStore(SQLRecords):
 
     def import_memories(self, owner: Owner, items: Sequence[Memory], vectors: Sequence[bytes | None],
                         pieces: Sequence[Sequence[bytes]] = ()) -> int:
-        added = 0
-        indexed: list[tuple[int, str, str, str, str]] = []  # full-text entries, written after the rows (add_many)
+        """Records kept as they are (id, times, provenance), a batch in one statement as in add_memories. A memory
+        whose id or text (topic and content) the owner already has, stored or earlier in the batch, is skipped, so
+        importing the same records again adds nothing. Each new row's context is made from the rows before it under
+        its topic, as if it had been stored then."""
+        tag = owner_tag(owner)
+        keys = [digest(memory.topic, memory.content) for memory in items]
         with self.atomic():
-            for memory, vector, later in zip(items, vectors, pieces or [()] * len(items)):
-                context, tag = self._context(owner, memory.topic, None), owner_tag(owner)
-                cur = self._q(
-                    "INSERT INTO memories (id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                    " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context,"
-                    " superseded_at, superseded_by, confirmed_at, confirmed_from)"
-                    f" VALUES ({', '.join('?' * 20)}) ON CONFLICT DO NOTHING",
-                    (memory.id, owner.tenant, owner.user, memory.topic, memory.content,
-                     digest(memory.topic, memory.content), tag, memory.source, memory.confidence,
-                     ts(memory.created_at), ts(memory.last_seen or memory.created_at), memory.observations,
-                     ts(memory.expires_at), vector, memory.embed_model if vector is not None else None, context,
-                     ts(memory.superseded_at), memory.superseded_by, ts(memory.confirmed_at), memory.confirmed_from))
-                if cur.rowcount:
-                    indexed.append((cur.lastrowid or 0, memory.topic, memory.content, tag, context))
-                    if later and vector is not None:
-                        self._put_pieces(cur.lastrowid or 0, memory.embed_model, later)
-                added += cur.rowcount
-            self._fts.add_many(owner.tenant, indexed)
-            self._count_added(owner, len(indexed))
-        return added
+            ids = self._stored(owner, "id", [memory.id for memory in items])
+            seen = self._stored(owner, "digest", keys)
+            next_pk = self._q("SELECT coalesce(max(pk), 0) + 1 FROM memories").fetchone()[0]
+            rows: list[tuple] = []
+            later_pieces: list[tuple[int, str | None, Sequence[bytes]]] = []
+            context_of = self._contexts(owner)
+            for memory, key, vector, later in zip(items, keys, vectors, pieces or [()] * len(items)):
+                if memory.id in ids or key in seen:
+                    continue
+                ids.add(memory.id)
+                seen.add(key)
+                context = context_of(memory.topic, memory.content)
+                pk = next_pk + len(rows)
+                model = memory.embed_model if vector is not None else None
+                rows.append((pk, memory.id, owner.tenant, owner.user, memory.topic, memory.content, key, tag,
+                             memory.source, memory.confidence, ts(memory.created_at),
+                             ts(memory.last_seen or memory.created_at), memory.observations, ts(memory.expires_at),
+                             vector, model, context, ts(memory.superseded_at), memory.superseded_by,
+                             ts(memory.confirmed_at), memory.confirmed_from))
+                if later and vector is not None:
+                    later_pieces.append((pk, model, later))
+            self._many("INSERT INTO memories (pk, id, tenant, user_id, topic, content, digest, owner_tag, source,"
+                       " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context,"
+                       f" superseded_at, superseded_by, confirmed_at, confirmed_from) VALUES ({', '.join('?' * 21)})",
+                       rows)
+            for pk, model, later in later_pieces:
+                self._put_pieces(pk, model, later)
+            self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], tag, row[16]) for row in rows])
+            self._count_added(owner, len(rows))
+        return len(rows)
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
