@@ -507,11 +507,10 @@ class SQLiteStore(SQLRecords):
                     " ON CONFLICT (tenant, user_id) DO UPDATE SET appended = appended + excluded.appended,"
                     " memories = memories + excluded.memories", (owner.tenant, owner.user, rows, rows))
 
-    def _context(self, owner: Owner, topic: str, before: int | None) -> str:
-        """The text of the CONTEXT_TURNS memories stored just before pk `before` (None: the newest) by the same
-        owner under the same topic: what the conversation was about when this memory was said."""
-        rows = self._q(earlier_turns("?", "?", "?", "?"),
-                       (owner.tenant, owner.user, topic, 2**62 if before is None else before)).fetchall()
+    def _context(self, owner: Owner, topic: str, before: int) -> str:
+        """The text of the CONTEXT_TURNS memories stored just before pk `before` by the same owner under the same
+        topic: what the conversation was about when that memory was said (new rows get theirs from _contexts)."""
+        rows = self._q(earlier_turns("?", "?", "?", "?"), (owner.tenant, owner.user, topic, before)).fetchall()
         return "\n".join(r[1] for r in reversed(rows))
 
     def _doomed(self, where: str, params: tuple) -> list[tuple]:
