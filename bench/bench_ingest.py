@@ -14,6 +14,8 @@ are measured in the same run, alternating round by round; the medians of --round
 
 "import with vectors": the same rows as Memory records (ids, times, provenance given, as a migration copies them)
 with their vector blobs, through SQLiteStore.import_memories in batches of --batch.
+"postgres with vectors": remember_many with vectors into a new database on a throwaway embedded PostgreSQL (its
+start is not timed), closing the shelf included.
 """
 
 from __future__ import annotations
@@ -26,20 +28,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, print_table, save_json  # noqa: E402
 
-KINDS = ("with vectors", "keywords only", "import with vectors")
+KINDS = ("with vectors", "keywords only", "import with vectors", "postgres with vectors")
 
 
 def load(rows: int, batch: int, kind: str) -> float:
     """Rows per second of one load into a new file (run in a worker process)."""
     import numpy as np
 
-    from _common import TextGenerator
+    from _common import TextGenerator, embedded_postgres_url
     from bench_semantic import DIM, SyntheticEmbedder
     from memshelf import Owner, Shelf
 
@@ -52,8 +55,10 @@ def load(rows: int, batch: int, kind: str) -> float:
     if vectors:
         for item, vector in zip(items, matrix):
             item["vector"] = vector
-    with tempfile.TemporaryDirectory() as folder:
-        shelf = Shelf.open(Path(folder) / "memory.db", embedder=SyntheticEmbedder() if vectors else None)
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+        target = stack.enter_context(embedded_postgres_url()) if kind.startswith("postgres") else \
+            str(Path(folder) / "memory.db")
+        shelf = Shelf.open(target, embedder=SyntheticEmbedder() if vectors else None)
         owner = Owner("bench", "one-user")
         start = time.perf_counter()
         for at in range(0, rows, batch):
@@ -129,7 +134,7 @@ def main() -> None:
             ratio = median / statistics.median(samples[first][kind])
             rows.append([os.path.relpath(src), kind, f"{median:,.0f}",
                          " / ".join(f"{value:,.0f}" for value in samples[str(src)][kind]), f"{ratio:.2f}x"])
-    print_table(f"Into a new SQLite file ({args.rows:,} rows, batches of {args.batch:,}, "
+    print_table(f"Ingest into a new store ({args.rows:,} rows, batches of {args.batch:,}, "
                 f"median of {args.rounds} rounds)", ["source", "kind", "rows/s", "rounds", "vs first source"], rows)
     save_json(args.json, report)
 

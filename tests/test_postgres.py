@@ -910,3 +910,55 @@ def test_the_keyword_statistics_are_gathered_once_per_query_not_once_per_hit(pg_
         assert max(node["Actual Rows"] for node in nodes if node.get("CTE Name") == "hits") >= 60  # enough to tell
         found = store.keyword_search(A, terms, 10, datetime.now(UTC), by_confidence=not with_context)
         assert len(found) == 10
+
+
+# ---------------------------------------------------------------- remember_many in a few statements
+def _rows(url: str, owner: Owner) -> list[tuple]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT topic, content, source, confidence, observations, expires_at, embed_model, embedding::text,"
+            " context_search::text, (SELECT count(*) FROM memory_pieces p WHERE p.memory_pk = m.pk)"
+            " FROM memories m WHERE tenant = %s AND user_id = %s ORDER BY pk", (owner.tenant, owner.user)).fetchall()
+
+
+def test_a_batch_stores_what_remembering_one_at_a_time_stores(pg_fresh_url):
+    """add_memories writes a batch's new rows with one COPY and one INSERT; the rows, their conversation contexts
+    and pieces, and the memories returned are what one remember_many call per item gives. A repeat, of a stored
+    memory or of one earlier in the batch, is another observation of it, in the order given."""
+    embedder = HashEmbedder(window_chars=60)
+    batched, single = Owner("t", "batched"), Owner("t", "single")
+    first = [{"topic": "s1", "content": "The boiler is in the cellar."}]
+    items = [{"topic": f"s{n % 3}", "content": f"Turn {n} is about the boiler {n % 4}.",
+              "source": ("stated", "mined", "inferred")[n % 3]} for n in range(12)]
+    items += [{"topic": "s1", "content": "The boiler is in the cellar.", "source": "mined"},  # stored before
+              {"topic": "s0", "content": "Turn 0 is about the boiler 0.", "ttl": 3600},  # earlier in the batch
+              {"topic": "s2", "content": "A long note. " + "The pump and the valve sit by the boiler. " * 5}]
+    with Shelf.open(pg_fresh_url, embedder=embedder) as shelf:
+        for owner in (batched, single):
+            shelf.remember_many(owner, first)
+        together = shelf.remember_many(batched, items)
+        apart = [shelf.remember_many(single, [item])[0] for item in items]
+    assert [(m.topic, m.content, m.source, m.observations, m.expires_at is None) for m in together] == \
+           [(m.topic, m.content, m.source, m.observations, m.expires_at is None) for m in apart]
+    assert together[13].id == together[0].id and together[13].observations == 2
+    assert _rows(pg_fresh_url, batched) == _rows(pg_fresh_url, single)
+    assert _rows(pg_fresh_url, batched)[-1][-1] > 0  # the long note's later pieces
+
+
+def test_a_text_another_writer_stored_meanwhile_is_observed_not_lost(pg_fresh_url, monkeypatch):
+    """Between the look for stored texts and the INSERT another transaction may store the same text: the INSERT
+    skips it, and the batch observes that row instead (here the look is made to miss it)."""
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        stored = shelf.remember(A, "t", "The key is under the mat.")
+        held = PostgresStore._held
+        calls = []
+
+        def missing_once(cur, owner, keys, ids=None):
+            calls.append(ids)
+            return {} if len(calls) == 1 else held(cur, owner, keys, ids)
+
+        monkeypatch.setattr(PostgresStore, "_held", staticmethod(missing_once))
+        again, new = shelf.remember_many(A, [{"topic": "t", "content": "The key is under the mat."},
+                                             {"topic": "t", "content": "The door sticks."}])
+    assert again.id == stored.id and again.observations == 2
+    assert new.content == "The door sticks." and new.observations == 1

@@ -87,7 +87,7 @@ from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
-from .._ids import new_id
+from .._ids import new_ids
 from ..keywords import is_prefix
 from ..model import Memory, NewMemory, Owner
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
@@ -648,48 +648,62 @@ class PostgresStore(SQLRecords):
 
     # ------------------------------------------------------------ memories
     def add_memories(self, owner: Owner, items: Sequence[NewMemory], now: datetime) -> list[Memory]:
-        stored: list[Memory] = []
+        """A batch in a few statements: the owner's rows under the batch's texts are locked and read at once, the new
+        ones go in as import_memories writes rows (COPY, then one INSERT that makes each context), and repeats, of
+        a stored row or of one earlier in the batch, are observed again one by one, in the order given."""
         self._serve(self._pairs((i.embed_model, i.vector) for i in items))
+        keys = [digest(item.topic, item.content) for item in items]
         with self._tenant(owner.tenant) as cur:
-            for item in items:
-                stored.append(self._add_one(cur, owner, item, now))
+            current = self._held(cur, owner, keys)  # digest -> (pk, memory) as it stands now
+            first: dict[str, int] = {}  # digest -> the item that writes it
+            for n, key in enumerate(keys):
+                if key not in current:
+                    first.setdefault(key, n)
+            fresh = [items[n] for n in first.values()]
+            records = [Memory(memory_id, item.topic, item.content, item.source, item.confidence, item.created_at,
+                              expires_at=item.expires_at, last_seen=now, embed_model=item.embed_model)
+                       for memory_id, item in zip(new_ids("m", len(fresh)), fresh)]
+            added = self._insert_copied(cur, owner, records, [item.vector for item in fresh],
+                                        [item.pieces for item in fresh])
+            written = self._held(cur, owner, list(first), list(added)) if added else {}
+            lost = [key for key in first if key not in written]  # another writer stored the same text meanwhile
+            current.update(self._held(cur, owner, lost) if lost else {})
+            stored: list[Memory] = []
+            for n, (item, key) in enumerate(zip(items, keys)):
+                if first.get(key) == n and key in written:
+                    current[key] = written[key]
+                else:
+                    if key not in current:
+                        raise StoreError("a memory vanished while it was being observed again: retry the write")
+                    pk, memory = current[key]
+                    current[key] = pk, self._observe_again(cur, pk, memory, item, now)
+                stored.append(current[key][1])
         return stored
 
-    def _add_one(self, cur: psycopg.Cursor, owner: Owner, item: NewMemory, now: datetime) -> Memory:
-        key = digest(item.topic, item.content)
-        select = (f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.digest = %s FOR UPDATE")
-        row = cur.execute(select, (owner.tenant, owner.user, key)).fetchone()
-        if row is None:
-            inserted = cur.execute(
-                f"INSERT INTO memories AS m (id, tenant, user_id, topic, content, digest, source, confidence,"
-                " created_at, last_seen, observations, expires_at, embedding, embed_model, context_search)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s, %s,"
-                f" {_context_of('%s', '%s', '%s')}) ON CONFLICT DO NOTHING RETURNING {MEMORY_COLUMNS}, m.pk",
-                (new_id("m"), owner.tenant, owner.user, item.topic, item.content, key, item.source,
-                 item.confidence, item.created_at, now, item.expires_at,
-                 None if item.vector is None else Blob(item.vector), item.embed_model,
-                 owner.tenant, owner.user, item.topic)).fetchone()
-            if inserted is not None:
-                if item.pieces:
-                    self._put_pieces(cur, inserted[MEMORY_WIDTH], item.embed_model, item.pieces)
-                return _memory(inserted)
-            row = cur.execute(select, (owner.tenant, owner.user, key)).fetchone()  # a concurrent insert won
-            if row is None:
-                raise StoreError("a memory vanished while it was being observed again: retry the write")
-        return self._observe_again(cur, row, item, now)
+    @staticmethod
+    def _held(cur: psycopg.Cursor, owner: Owner, keys: Sequence[str],
+              ids: Sequence[str] | None = None) -> dict[str, tuple[int, Memory]]:
+        """The owner's rows with these digests (and, given, these ids), locked for the transaction: digest -> (pk,
+        memory)."""
+        rows = cur.execute(
+            f"SELECT m.pk, {MEMORY_COLUMNS}, m.digest FROM memories m WHERE {_OWNER} AND m.digest = ANY(%s)"
+            + ("" if ids is None else " AND m.id = ANY(%s)") + " ORDER BY m.pk FOR UPDATE",
+            (owner.tenant, owner.user, list(dict.fromkeys(keys)), *(() if ids is None else (list(ids),)))).fetchall()
+        return {row[MEMORY_WIDTH + 1]: (row[0], _memory(row[1:])) for row in rows}
 
-    def _observe_again(self, cur: psycopg.Cursor, row: Sequence, item: NewMemory, now: datetime) -> Memory:
-        seen = observe_again(_memory(row[1:]), item, now)
+    def _observe_again(self, cur: psycopg.Cursor, pk: int, memory: Memory, item: NewMemory,
+                       now: datetime) -> Memory:
+        seen = observe_again(memory, item, now)
         updated = cur.execute(
             "UPDATE memories AS m SET observations = observations + 1, last_seen = %s, expires_at = %s,"
             " source = %s, confidence = %s"
             + (", embedding = %s, embed_model = %s" if seen.replace_vector else "")
             + f" WHERE pk = %s RETURNING {MEMORY_COLUMNS}",
             (now, seen.expires_at, seen.source, seen.confidence,
-             *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), row[0])).fetchone()
+             *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), pk)).fetchone()
         assert updated is not None  # the row was just read under the same transaction
         if seen.replace_vector:
-            self._put_pieces(cur, row[0], item.embed_model, item.pieces)
+            self._put_pieces(cur, pk, item.embed_model, item.pieces)
         return _memory(updated)
 
     @staticmethod
@@ -709,47 +723,56 @@ class PostgresStore(SQLRecords):
             return 0
         with self._tenant(owner.tenant) as cur:
             self._loaded(self._pairs((m.embed_model, v) for m, v in zip(items, vectors)))
-            cur.execute("CREATE TEMP TABLE IF NOT EXISTS memshelf_import (ord integer, id text, topic text,"
-                        " content text, digest text, source text, confidence double precision,"
-                        " created_at timestamptz, last_seen timestamptz, observations integer,"
-                        " expires_at timestamptz, embedding vector, embed_model text, superseded_at timestamptz,"
-                        " superseded_by text, confirmed_at timestamptz, confirmed_from text) ON COMMIT DELETE ROWS")
-            cur.execute("DELETE FROM memshelf_import")  # emptied at commit; this is for a second call inside one
-            with cur.copy("COPY memshelf_import FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["integer", "text", "text", "text", "text", "text", "double precision",
-                                "timestamptz", "timestamptz", "integer", "timestamptz", "vector", "text",
-                                "timestamptz", "text", "timestamptz", "text"])
-                for n, (memory, vector) in enumerate(zip(items, vectors)):
-                    copy.write_row((n, memory.id, memory.topic, memory.content, digest(memory.topic, memory.content),
-                                    memory.source, memory.confidence, memory.created_at,
-                                    memory.last_seen or memory.created_at, memory.observations, memory.expires_at,
-                                    None if vector is None else Blob(vector),
-                                    memory.embed_model if vector is not None else None, memory.superseded_at,
-                                    memory.superseded_by, memory.confirmed_at, memory.confirmed_from))
-            # Each row's context: the previous CONTEXT_TURNS rows of its topic, counting the owner's newest stored
-            # ones and then the batch in order (a row the INSERT skips as already stored still counts).
-            lags = ", ".join(f"lag(content, {n}) OVER w" for n in range(CONTEXT_TURNS, 0, -1))
-            cur.execute(
-                "WITH prior AS (SELECT t.topic, p.pk, p.content FROM (SELECT DISTINCT topic FROM memshelf_import) t"
-                "   CROSS JOIN LATERAL (SELECT pk, content FROM memories WHERE tenant = %s AND user_id = %s"
-                f"   AND topic = t.topic ORDER BY pk DESC LIMIT {CONTEXT_TURNS}) p),"
-                " turns AS (SELECT topic, content, NULL::integer AS ord, 0 AS part, pk AS seq FROM prior"
-                "   UNION ALL SELECT topic, content, ord, 1, ord FROM memshelf_import),"
-                f" context AS (SELECT ord, nullif(concat_ws(' ', {lags}), '') AS words FROM turns"
-                "   WINDOW w AS (PARTITION BY topic ORDER BY part, seq))"
-                " INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
-                " last_seen, observations, expires_at, embedding, embed_model, context_search, superseded_at,"
-                " superseded_by, confirmed_at, confirmed_from)"
-                " SELECT i.id, %s, %s, i.topic, i.content, i.digest, i.source, i.confidence, i.created_at,"
-                " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words),"
-                " i.superseded_at, i.superseded_by, i.confirmed_at, i.confirmed_from"
-                " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
-                " ON CONFLICT DO NOTHING RETURNING id, pk", (owner.tenant, owner.user, owner.tenant, owner.user))
-            added = dict(cur.fetchall())
-            for memory, vector, later in zip(items, vectors, pieces):
-                if later and vector is not None and memory.id in added:
-                    self._put_pieces(cur, added[memory.id], memory.embed_model, later)
-            return len(added)
+            return len(self._insert_copied(cur, owner, items, vectors, pieces or [()] * len(items)))
+
+    def _insert_copied(self, cur: psycopg.Cursor, owner: Owner, items: Sequence[Memory],
+                       vectors: Sequence[bytes | None], pieces: Sequence[Sequence[bytes]]) -> dict[str, int]:
+        """Rows as they are given, through a temporary table: one COPY, one INSERT ... ON CONFLICT DO NOTHING (which
+        skips ids and texts the owner already has), in input order, each row's context made in SQL. Returns the key
+        (pk) of every row written, by id."""
+        if not items:
+            return {}
+        cur.execute("CREATE TEMP TABLE IF NOT EXISTS memshelf_import (ord integer, id text, topic text,"
+                    " content text, digest text, source text, confidence double precision,"
+                    " created_at timestamptz, last_seen timestamptz, observations integer,"
+                    " expires_at timestamptz, embedding vector, embed_model text, superseded_at timestamptz,"
+                    " superseded_by text, confirmed_at timestamptz, confirmed_from text) ON COMMIT DELETE ROWS")
+        cur.execute("DELETE FROM memshelf_import")  # emptied at commit; this is for a second call inside one
+        with cur.copy("COPY memshelf_import FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["integer", "text", "text", "text", "text", "text", "double precision",
+                            "timestamptz", "timestamptz", "integer", "timestamptz", "vector", "text",
+                            "timestamptz", "text", "timestamptz", "text"])
+            for n, (memory, vector) in enumerate(zip(items, vectors)):
+                copy.write_row((n, memory.id, memory.topic, memory.content, digest(memory.topic, memory.content),
+                                memory.source, memory.confidence, memory.created_at,
+                                memory.last_seen or memory.created_at, memory.observations, memory.expires_at,
+                                None if vector is None else Blob(vector),
+                                memory.embed_model if vector is not None else None, memory.superseded_at,
+                                memory.superseded_by, memory.confirmed_at, memory.confirmed_from))
+        # Each row's context: the previous CONTEXT_TURNS rows of its topic, counting the owner's newest stored
+        # ones and then the batch in order (a row the INSERT skips as already stored still counts).
+        lags = ", ".join(f"lag(content, {n}) OVER w" for n in range(CONTEXT_TURNS, 0, -1))
+        cur.execute(
+            "WITH prior AS (SELECT t.topic, p.pk, p.content FROM (SELECT DISTINCT topic FROM memshelf_import) t"
+            "   CROSS JOIN LATERAL (SELECT pk, content FROM memories WHERE tenant = %s AND user_id = %s"
+            f"   AND topic = t.topic ORDER BY pk DESC LIMIT {CONTEXT_TURNS}) p),"
+            " turns AS (SELECT topic, content, NULL::integer AS ord, 0 AS part, pk AS seq FROM prior"
+            "   UNION ALL SELECT topic, content, ord, 1, ord FROM memshelf_import),"
+            f" context AS (SELECT ord, nullif(concat_ws(' ', {lags}), '') AS words FROM turns"
+            "   WINDOW w AS (PARTITION BY topic ORDER BY part, seq))"
+            " INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
+            " last_seen, observations, expires_at, embedding, embed_model, context_search, superseded_at,"
+            " superseded_by, confirmed_at, confirmed_from)"
+            " SELECT i.id, %s, %s, i.topic, i.content, i.digest, i.source, i.confidence, i.created_at,"
+            " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words),"
+            " i.superseded_at, i.superseded_by, i.confirmed_at, i.confirmed_from"
+            " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
+            " ON CONFLICT DO NOTHING RETURNING id, pk", (owner.tenant, owner.user, owner.tenant, owner.user))
+        added: dict[str, int] = dict(cur.fetchall())
+        for memory, vector, later in zip(items, vectors, pieces):
+            if later and vector is not None and memory.id in added:
+                self._put_pieces(cur, added[memory.id], memory.embed_model, later)
+        return added
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
