@@ -14,8 +14,8 @@ are measured in the same run, alternating round by round; the medians of --round
 
 "import with vectors": the same rows as Memory records (ids, times, provenance given, as a migration copies them)
 with their vector blobs, through SQLiteStore.import_memories in batches of --batch.
-"postgres with vectors": remember_many with vectors into a new database on a throwaway embedded PostgreSQL (its
-start is not timed), closing the shelf included.
+"postgres with vectors", "postgres keywords only": remember_many into a new database on a throwaway embedded
+PostgreSQL (its start is not timed), closing the shelf included.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, print_table, save_json  # noqa: E402
 
-KINDS = ("with vectors", "keywords only", "import with vectors", "postgres with vectors")
+KINDS = ("with vectors", "keywords only", "import with vectors", "postgres with vectors", "postgres keywords only")
 
 
 def load(rows: int, batch: int, kind: str) -> float:
@@ -48,7 +48,7 @@ def load(rows: int, batch: int, kind: str) -> float:
 
     texts = TextGenerator(seed=5).sentences(rows)
     matrix = np.random.default_rng(1).standard_normal((rows, DIM)).astype(np.float32)
-    vectors = kind != "keywords only"
+    vectors = not kind.endswith("keywords only")
     items = [{"topic": topic, "content": content, "source": source} for topic, content, source in texts]
     if kind == "import with vectors":
         return imported(texts, matrix, batch)
