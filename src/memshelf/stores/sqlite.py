@@ -140,6 +140,12 @@ CHANGED_VECTOR, DELETED = 1, 2
 """owner_changes.kind of a re-embedding and of a deletion (0: confidence, expiry or supersession)."""
 
 
+_NEW_ROW = ("pk, id, tenant, user_id, topic, content, digest, owner_tag, source, confidence, created_at, last_seen,"
+            " observations, expires_at, embedding, embed_model, context, superseded_at, superseded_by, confirmed_at,"
+            " confirmed_from")
+"""The columns a new row is written with (SQLiteStore._insert_rows), in the order its values are given."""
+
+
 PATCH_SHARE = 0.25
 """A cached matrix catches up with changes (SQLiteStore._caught_up) while the rows it would re-read, and the rows it
 holds for deleted memories, are each at most this share of it; beyond that reading every row again is as quick and
@@ -447,21 +453,15 @@ class SQLiteStore(SQLRecords):
                 memory_id, expires = next(ids), ts(item.expires_at)
                 added.append(item)
                 rows.append((next_pk + len(rows), memory_id, owner.tenant, owner.user, item.topic, item.content, key,
-                             tag, item.source, item.confidence, created, seen_at, expires, item.vector,
-                             item.embed_model, context))
+                             tag, item.source, item.confidence, created, seen_at, 1, expires, item.vector,
+                             item.embed_model, context, None, None, None, None))
                 # the row as reading it back would give it
                 stored.append(Memory(id=memory_id, topic=item.topic, content=item.content, source=item.source,
                                      confidence=item.confidence, created_at=parsed(created),
                                      expires_at=None if expires is None else parsed(expires),
                                      last_seen=parsed(seen_at), observations=1, embed_model=item.embed_model))
-            self._many("INSERT INTO memories (pk, id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                       " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context)"
-                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?)", rows)
-            for row, item in zip(rows, added):
-                if item.pieces:
-                    self._put_pieces(row[0], item.embed_model, item.pieces)
-            self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], tag, row[15]) for row in rows])
-            self._count_added(owner, len(rows))
+            self._insert_rows(owner, rows, [(row[0], item.embed_model, item.pieces)
+                                            for row, item in zip(rows, added) if item.pieces])
             for at, item, key in again:  # a repeat (of a stored row, or of one earlier in this batch)
                 row = self._q(f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
                               "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
@@ -590,15 +590,18 @@ class SQLiteStore(SQLRecords):
                              ts(memory.confirmed_at), memory.confirmed_from))
                 if later and vector is not None:
                     later_pieces.append((pk, model, later))
-            self._many("INSERT INTO memories (pk, id, tenant, user_id, topic, content, digest, owner_tag, source,"
-                       " confidence, created_at, last_seen, observations, expires_at, embedding, embed_model, context,"
-                       f" superseded_at, superseded_by, confirmed_at, confirmed_from) VALUES ({', '.join('?' * 21)})",
-                       rows)
-            for pk, model, later in later_pieces:
-                self._put_pieces(pk, model, later)
-            self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], tag, row[16]) for row in rows])
-            self._count_added(owner, len(rows))
+            self._insert_rows(owner, rows, later_pieces)
         return len(rows)
+
+    def _insert_rows(self, owner: Owner, rows: Sequence[tuple], pieces: Sequence[tuple[int, str | None,
+                                                                                      Sequence[bytes]]]) -> None:
+        """A batch of new rows of the owner, keys given (the columns of _NEW_ROW, in order), then their later
+        pieces as (key, model, blobs), their full-text entries and the owner's count."""
+        self._many(f"INSERT INTO memories ({_NEW_ROW}) VALUES ({', '.join('?' * (_NEW_ROW.count(',') + 1))})", rows)
+        for key, model, blobs in pieces:
+            self._put_pieces(key, model, blobs)
+        self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], row[7], row[16]) for row in rows])
+        self._count_added(owner, len(rows))
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
