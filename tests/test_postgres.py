@@ -953,9 +953,9 @@ def test_a_text_another_writer_stored_meanwhile_is_observed_not_lost(pg_fresh_ur
         held = PostgresStore._held
         calls = []
 
-        def missing_once(cur, owner, keys, ids=None):
-            calls.append(ids)
-            return {} if len(calls) == 1 else held(cur, owner, keys, ids)
+        def missing_once(cur, owner, keys):
+            calls.append(keys)
+            return {} if len(calls) == 1 else held(cur, owner, keys)
 
         monkeypatch.setattr(PostgresStore, "_held", staticmethod(missing_once))
         again, new = shelf.remember_many(A, [{"topic": "t", "content": "The key is under the mat."},

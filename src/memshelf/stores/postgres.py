@@ -240,6 +240,11 @@ def _memory(row: Sequence) -> Memory:
     return memory_from_row(row, _utc)
 
 
+def _by_digest(rows: Sequence[Sequence]) -> dict[str, tuple[int, Memory]]:
+    """Rows read as (pk, MEMORY_COLUMNS..., digest), by digest: (pk, memory)."""
+    return {row[MEMORY_WIDTH + 1]: (row[0], _memory(row[1:])) for row in rows}
+
+
 def index_names(model: str, dimensions: int) -> dict[str, str]:
     """The indexes a (model, dimensions) pair gets, by kind: "hnsw" up to HNSW_MAX_DIMS, "exact" (the covering
     index the exact path scans) up to EXACT_INDEX_MAX_DIMS."""
@@ -663,9 +668,8 @@ class PostgresStore(SQLRecords):
             records = [Memory(memory_id, item.topic, item.content, item.source, item.confidence, item.created_at,
                               expires_at=item.expires_at, last_seen=now, embed_model=item.embed_model)
                        for memory_id, item in zip(new_ids("m", len(fresh)), fresh)]
-            added = self._insert_copied(cur, owner, records, [item.vector for item in fresh],
-                                        [item.pieces for item in fresh])
-            written = self._held(cur, owner, list(first), list(added)) if added else {}
+            written = _by_digest(self._insert_copied(cur, owner, records, [item.vector for item in fresh],
+                                                     [item.pieces for item in fresh]))
             lost = [key for key in first if key not in written]  # another writer stored the same text meanwhile
             current.update(self._held(cur, owner, lost) if lost else {})
             stored: list[Memory] = []
@@ -681,15 +685,11 @@ class PostgresStore(SQLRecords):
         return stored
 
     @staticmethod
-    def _held(cur: psycopg.Cursor, owner: Owner, keys: Sequence[str],
-              ids: Sequence[str] | None = None) -> dict[str, tuple[int, Memory]]:
-        """The owner's rows with these digests (and, given, these ids), locked for the transaction: digest -> (pk,
-        memory)."""
-        rows = cur.execute(
+    def _held(cur: psycopg.Cursor, owner: Owner, keys: Sequence[str]) -> dict[str, tuple[int, Memory]]:
+        """The owner's rows with these digests, locked for the transaction: digest -> (pk, memory)."""
+        return _by_digest(cur.execute(
             f"SELECT m.pk, {MEMORY_COLUMNS}, m.digest FROM memories m WHERE {_OWNER} AND m.digest = ANY(%s)"
-            + ("" if ids is None else " AND m.id = ANY(%s)") + " ORDER BY m.pk FOR UPDATE",
-            (owner.tenant, owner.user, list(dict.fromkeys(keys)), *(() if ids is None else (list(ids),)))).fetchall()
-        return {row[MEMORY_WIDTH + 1]: (row[0], _memory(row[1:])) for row in rows}
+            " ORDER BY m.pk FOR UPDATE", (owner.tenant, owner.user, list(dict.fromkeys(keys)))).fetchall())
 
     def _observe_again(self, cur: psycopg.Cursor, pk: int, memory: Memory, item: NewMemory,
                        now: datetime) -> Memory:
@@ -726,12 +726,12 @@ class PostgresStore(SQLRecords):
             return len(self._insert_copied(cur, owner, items, vectors, pieces or [()] * len(items)))
 
     def _insert_copied(self, cur: psycopg.Cursor, owner: Owner, items: Sequence[Memory],
-                       vectors: Sequence[bytes | None], pieces: Sequence[Sequence[bytes]]) -> dict[str, int]:
+                       vectors: Sequence[bytes | None], pieces: Sequence[Sequence[bytes]]) -> list[tuple]:
         """Rows as they are given, through a temporary table: one COPY, one INSERT ... ON CONFLICT DO NOTHING (which
-        skips ids and texts the owner already has), in input order, each row's context made in SQL. Returns the key
-        (pk) of every row written, by id."""
+        skips ids and texts the owner already has), in input order, each row's context made in SQL. Returns every row
+        written as (pk, MEMORY_COLUMNS..., digest), the form _held reads."""
         if not items:
-            return {}
+            return []
         cur.execute("CREATE TEMP TABLE IF NOT EXISTS memshelf_import (ord integer, id text, topic text,"
                     " content text, digest text, source text, confidence double precision,"
                     " created_at timestamptz, last_seen timestamptz, observations integer,"
@@ -760,19 +760,21 @@ class PostgresStore(SQLRecords):
             "   UNION ALL SELECT topic, content, ord, 1, ord FROM memshelf_import),"
             f" context AS (SELECT ord, nullif(concat_ws(' ', {lags}), '') AS words FROM turns"
             "   WINDOW w AS (PARTITION BY topic ORDER BY part, seq))"
-            " INSERT INTO memories (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
+            " INSERT INTO memories AS m (id, tenant, user_id, topic, content, digest, source, confidence, created_at,"
             " last_seen, observations, expires_at, embedding, embed_model, context_search, superseded_at,"
             " superseded_by, confirmed_at, confirmed_from)"
             " SELECT i.id, %s, %s, i.topic, i.content, i.digest, i.source, i.confidence, i.created_at,"
             " i.last_seen, i.observations, i.expires_at, i.embedding, i.embed_model, memshelf_words(c.words),"
             " i.superseded_at, i.superseded_by, i.confirmed_at, i.confirmed_from"
             " FROM memshelf_import i JOIN context c ON c.ord = i.ord ORDER BY i.ord"
-            " ON CONFLICT DO NOTHING RETURNING id, pk", (owner.tenant, owner.user, owner.tenant, owner.user))
-        added: dict[str, int] = dict(cur.fetchall())
+            f" ON CONFLICT DO NOTHING RETURNING m.pk, {MEMORY_COLUMNS}, m.digest",
+            (owner.tenant, owner.user, owner.tenant, owner.user))
+        written = cur.fetchall()
+        keys = {row[1]: row[0] for row in written}  # id -> pk
         for memory, vector, later in zip(items, vectors, pieces):
-            if later and vector is not None and memory.id in added:
-                self._put_pieces(cur, added[memory.id], memory.embed_model, later)
-        return added
+            if later and vector is not None and memory.id in keys:
+                self._put_pieces(cur, keys[memory.id], memory.embed_model, later)
+        return written
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
