@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("MEMSHELF_TEST_SQLITE") == "pysqlite3":
+    # The SQLite bundled by the pysqlite3-binary wheel, newer than the one Python brings here, for the whole
+    # session: tests/test_sqlite_versions.py runs the SQLite suites so, to cover what only newer versions do.
+    import pysqlite3.dbapi2  # type: ignore[import-not-found]
+
+    sys.modules["sqlite3"] = pysqlite3.dbapi2
 
 from memshelf.testing import clock, open_shelf, shelf  # noqa: F401  the contract suite's fixtures, used everywhere
 

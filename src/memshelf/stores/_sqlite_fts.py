@@ -8,7 +8,8 @@ a side channel across tenants. So each tenant gets its own two tables, created o
 - `ctx_<h>` (topic, content, owner_tag, context): the hybrid search ranks its keyword candidates with the
   conversation around them (stores/sqlite_schema.py, m003).
 
-`fts_tenants` lists each tenant's pair, and how many full merges each pair had since it was last rebuilt.
+`fts_tenants` lists each tenant's pair, how many full merges each pair had since it was last rebuilt, and whether
+its deletions take entries out in place (`secure`, see SECURE_DELETE).
 
 Both are external-content tables over `memories`, holding each text as keywords.index_text makes it (Chinese,
 Japanese and Korean as overlapping character pairs; other text as it is); the store keeps them in step on every
@@ -47,6 +48,21 @@ def table_names(tenant: str) -> tuple[str, str]:
     return f"fts_{suffix}", f"ctx_{suffix}"
 
 
+SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 45, 0)
+"""Whether this SQLite takes a deleted row's entries out of the index in place (FTS5's 'secure-delete' option, new in
+3.42 and mended in the releases after it). Without it a deletion only adds a marker, and the row's words stay in
+the index until a full merge ('optimize') rewrites the whole tenant's index: 75 ms at 20,000 rows, 320 ms at
+100,000, holding the write lock (BENCHMARKS.md, "Erasure on SQLite"). With it, erasing one memory costs a few
+milliseconds whatever the tenant's size; a large erasure still merges, which is cheaper than many in-place ones."""
+READS_SECURE = sqlite3.sqlite_version_info >= (3, 42, 0)
+"""Whether this SQLite can read an index that a newer one changed with in-place deletions (FTS5 marks it as format
+5). An older one rebuilds such indexes from their rows when it opens the file (TenantIndexes.readable)."""
+IN_PLACE_SHARE = 200
+IN_PLACE_MIN = 16
+"""An erasure takes entries out in place when it removes at most max(IN_PLACE_MIN, tenant rows // IN_PLACE_SHARE)
+of a tenant's rows, else it merges: one in-place removal cost 0.6-0.9 ms and a full merge about 3.5 us per row of
+the tenant at 20,000 and 100,000 rows (BENCHMARKS.md, "Erasure on SQLite")."""
+
 REBUILD_EVERY = 200
 """A tenant's tables are rebuilt from its rows, instead of merged, once in this many scrubs. The full merge
 ('optimize') is what drops a deleted row's words from the index, but on older SQLite (3.40, the one Python ships
@@ -65,15 +81,24 @@ class TenantIndexes:
         row = self._q("SELECT words, context FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
         return None if row is None else (row[0], row[1])
 
-    def _create(self, tenant: str) -> tuple[str, str]:
-        """Empty tables for a tenant's first memory."""
+    def _create(self, tenant: str, in_place: bool = SECURE_DELETE) -> tuple[str, str]:
+        """Empty tables for a tenant's first memory; in_place: deletions take entries out in place from the start
+        (not while migrating a file older than fts_tenants.secure: its first full merge turns them on)."""
         words, context = table_names(tenant)
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {words} USING fts5(topic, content, owner_tag,"
                 f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {context} USING fts5(topic, content, owner_tag, context,"
                 f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
         self._q("INSERT INTO fts_tenants (tenant, words, context) VALUES (?, ?, ?)", (tenant, words, context))
+        if in_place:
+            self._in_place(words, context, True)
+            self._q("UPDATE fts_tenants SET secure = 1 WHERE tenant = ?", (tenant,))
         return words, context
+
+    def _in_place(self, words: str, context: str, on: bool) -> None:
+        """Turn FTS5's secure-delete on or off for a tenant's pair (stored in the tables' own settings)."""
+        for name in (words, context):
+            self._q(f"INSERT INTO {name} ({name}, rank) VALUES ('secure-delete', ?)", (int(on),))
 
     def _fill(self, tenant: str, words: str, context: str) -> None:
         """Index every row the tenant has (the tables must hold none of them yet)."""
@@ -86,7 +111,7 @@ class TenantIndexes:
 
     def index_existing(self, tenant: str) -> None:
         """Tables for a tenant whose rows were stored before tenants had their own (m004)."""
-        self._fill(tenant, *self._create(tenant))
+        self._fill(tenant, *self._create(tenant, in_place=False))
 
     def rebuild(self, tenant: str) -> None:
         """Index the tenant's rows afresh, with no deleted entry and no level left over. FTS5's own 'rebuild' would
@@ -118,20 +143,33 @@ class TenantIndexes:
 
     def remove(self, rows: Iterable[Sequence]) -> set[str]:
         """Take rows (tenant, pk, topic, content, owner_tag, context) out of their tenant's tables; returns the
-        tenants touched."""
+        tenants touched. A tenant whose deletions are in place keeps them so for a few rows; for more (see
+        IN_PLACE_SHARE) it leaves markers instead, and scrub() merges."""
+        by_tenant: dict[str, list[Sequence]] = {}
+        for row in rows:
+            by_tenant.setdefault(row[0], []).append(row)
         touched: set[str] = set()
-        for tenant, pk, topic, content, tag, context in rows:
-            names = self.names(tenant)
-            if names is None:
+        for tenant, doomed in by_tenant.items():
+            found = self._q("SELECT words, context, secure FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
+            if found is None:
                 continue
-            words, ctx = names
-            topic, content, context = _indexed(topic, content, context)
-            self._q(f"INSERT INTO {words} ({words}, rowid, topic, content, owner_tag) VALUES ('delete', ?, ?, ?, ?)",
-                    (pk, topic, content, tag))
-            self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
-                    " VALUES ('delete', ?, ?, ?, ?, ?)", (pk, topic, content, tag, context))
             touched.add(tenant)
+            words, ctx, secure = found
+            if secure and not (SECURE_DELETE and len(doomed) <= self._in_place_bound(tenant)):
+                self._in_place(words, ctx, False)
+                self._q("UPDATE fts_tenants SET secure = 0 WHERE tenant = ?", (tenant,))
+            for _tenant, pk, topic, content, tag, context in doomed:
+                topic, content, context = _indexed(topic, content, context)
+                self._q(f"INSERT INTO {words} ({words}, rowid, topic, content, owner_tag)"
+                        " VALUES ('delete', ?, ?, ?, ?)", (pk, topic, content, tag))
+                self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
+                        " VALUES ('delete', ?, ?, ?, ?, ?)", (pk, topic, content, tag, context))
         return touched
+
+    def _in_place_bound(self, tenant: str) -> int:
+        rows = self._q("SELECT coalesce(sum(memories), 0) FROM owner_generation WHERE tenant = ?",
+                       (tenant,)).fetchone()[0]
+        return max(IN_PLACE_MIN, rows // IN_PLACE_SHARE)
 
     def replace_context(self, tenant: str, pk: int, topic: str, content: str, tag: str, old: str, new: str) -> None:
         names = self.names(tenant)
@@ -153,15 +191,34 @@ class TenantIndexes:
         self._q("DELETE FROM fts_tenants WHERE tenant = ?", (tenant,))
 
     def scrub(self, tenants: Iterable[str]) -> None:
-        """Drop deleted entries from the touched tenants' indexes for good: a full merge of each index, or, every
-        REBUILD_EVERY times, a rebuild from the tenant's rows (see REBUILD_EVERY)."""
+        """Drop deleted entries from the touched tenants' indexes for good. Where deletions were in place there is
+        nothing left to drop; elsewhere a full merge of each index, or, every REBUILD_EVERY times, a rebuild from the
+        tenant's rows (see REBUILD_EVERY). Then, where this SQLite can, deletions are in place from now on."""
         for tenant in tenants:
-            row = self._q("SELECT words, context, merges FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
-            if row is None:
+            row = self._q("SELECT words, context, merges, secure FROM fts_tenants WHERE tenant = ?",
+                          (tenant,)).fetchone()
+            if row is None or row[3]:
                 continue
             if row[2] + 1 >= REBUILD_EVERY:
                 self.rebuild(tenant)
-                continue
-            for name in row[:2]:
-                self._q(f"INSERT INTO {name} ({name}) VALUES ('optimize')")
-            self._q("UPDATE fts_tenants SET merges = merges + 1 WHERE tenant = ?", (tenant,))
+            else:
+                for name in row[:2]:
+                    self._q(f"INSERT INTO {name} ({name}) VALUES ('optimize')")
+                self._q("UPDATE fts_tenants SET merges = merges + 1 WHERE tenant = ?", (tenant,))
+            if SECURE_DELETE:
+                self._in_place(row[0], row[1], True)
+                self._q("UPDATE fts_tenants SET secure = 1 WHERE tenant = ?", (tenant,))
+
+    def readable(self) -> None:
+        """On an SQLite older than READS_SECURE, rebuild the indexes a newer one changed with in-place deletions,
+        which this one could neither read nor drop: their format mark goes back to the old one, their settings lose
+        secure-delete, and they are filled again from the tenant's rows (nothing of the old index is kept)."""
+        if READS_SECURE:
+            return
+        for tenant, words, context in self._q("SELECT tenant, words, context FROM fts_tenants WHERE secure = 1"
+                                              ).fetchall():
+            for name in (words, context):
+                self._q(f"UPDATE {name}_config SET v = 4 WHERE k = 'version' AND v > 4")
+                self._q(f"DELETE FROM {name}_config WHERE k = 'secure-delete'")
+            self._q("UPDATE fts_tenants SET secure = 0 WHERE tenant = ?", (tenant,))
+            self.rebuild(tenant)

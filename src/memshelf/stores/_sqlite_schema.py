@@ -315,4 +315,10 @@ BEGIN
 {_logged('new', '0')}
 END;
 """),
+    ("m014_fts_secure_delete", """
+-- secure: the tenant's full-text tables take a deleted row's entries out in place (FTS5's secure-delete), so an
+-- erasure need not merge the whole index (stores/_sqlite_fts.py, SECURE_DELETE). Existing tables start without it
+-- and get it after their next full merge, on an SQLite that has it.
+ALTER TABLE fts_tenants ADD COLUMN secure INTEGER NOT NULL DEFAULT 0;
+"""),
 ]

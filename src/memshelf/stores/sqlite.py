@@ -26,7 +26,7 @@ from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, 
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
-from ._sqlite_fts import TenantIndexes, register_functions
+from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
 from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
 from . import _sqlite_vector_files
 
@@ -399,6 +399,9 @@ class SQLiteStore(SQLRecords):
                     self._q(statement)
                 self._after_migration(name)
                 self._q("INSERT INTO memshelf_migrations VALUES (?, ?)", (name, ts(datetime.now(UTC))))
+        if not READS_SECURE and self._q("SELECT 1 FROM fts_tenants WHERE secure = 1 LIMIT 1").fetchone():
+            with self.atomic():  # a newer SQLite used this file: its indexes are rebuilt in a form this one reads
+                self._fts.readable()
 
     def _after_migration(self, name: str) -> None:
         """The part of a migration that SQL alone cannot say: it walks the tenants."""
