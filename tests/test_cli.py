@@ -233,9 +233,28 @@ def test_learn_a_logged_thread_previews_applies_and_adds_nothing_twice(tmp_path,
 
     cli("set-fact", "favorite_color", "green")  # written by the caller: no thread's to erase
     erased = json.loads(cli("--json", "forget-thread", "t1", "--cascade").stdout)
-    assert erased == {"memories": 1, "facts": 2, "fact_changes": 3, "messages": 5, "scrub_pending": False}
+    assert erased == {"memories": 1, "facts": 2, "fact_changes": 3, "messages": 5,
+                      "scrub_pending": target.startswith(("postgres://", "postgresql://"))}  # queued there
     assert [f["key"] for f in json.loads(cli("--json", "facts").stdout)] == ["favorite_color"]
     assert json.loads(cli("--json", "search", "peanuts").stdout)["hits"] == []
+
+
+def test_forget_says_when_the_scrub_is_left_for_later_and_scrub_finishes_it(tmp_path, target):
+    """PostgreSQL queues an erasure's scrub (MEMSHELF_PG_SCRUB=off here, so no background scrub runs it); SQLite
+    scrubs in the erasure. `memshelf scrub` finishes what is left, and then nothing is."""
+    def cli(*args):
+        return ok(tmp_path, "--db", target, *args, env={"MEMSHELF_PG_SCRUB": "off"})
+
+    later = target.startswith(("postgres://", "postgresql://"))
+    memory_id = json.loads(cli("--json", "remember", "secrets", "The vault word is xanthopsia.").stdout)["id"]
+    said = cli("forget", memory_id).stdout
+    assert said.startswith(f"forgot {memory_id}") and ("memshelf scrub" in said) == later
+    assert json.loads(cli("--json", "scrub").stdout) == {"scrub_pending": False}
+    assert cli("scrub").stdout.startswith("scrubbed")
+    memory_id = json.loads(cli("--json", "remember", "secrets", "The gate word is quillwort.").stdout)["id"]
+    assert json.loads(cli("--json", "forget", memory_id).stdout) == {"forgotten": memory_id, "scrub_pending": later}
+    assert cli("scrub", "--full").stdout.startswith("scrubbed")
+    assert json.loads(cli("--json", "search", "quillwort").stdout)["hits"] == []
 
 
 def test_forget_thread_without_cascade_keeps_what_was_learned(tmp_path):

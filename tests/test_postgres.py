@@ -10,6 +10,7 @@ from pathlib import Path
 import threading
 from datetime import datetime, timedelta, UTC
 
+import httpx
 import numpy as np
 import psycopg
 import pytest
@@ -586,7 +587,7 @@ def test_erase_user_and_tenant_leave_no_rows(pg_server):
             _fill(shelf, owner, "secret-" + owner.user)
         erased = shelf.forget_user(carol)
         assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1,
-                                    "scrub_pending": False}
+                                    "scrub_pending": True}  # queued for the background scrub
         assert _rows_of(url, "user_id = %s", ("carol",)) == dict.fromkeys(_rows_of(url, "true", ()), 0)
         assert shelf.forget_tenant("erase-x").memories == 1
         assert set(_rows_of(url, "tenant = %s", ("erase-x",)).values()) == {0}
@@ -738,6 +739,35 @@ def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_th
         assert _relfilenode(pg_fresh_url, "memories_search") != gin  # reindexed into a new file
     finally:
         store.close()
+
+
+def test_an_erasure_says_its_scrub_is_pending_until_a_scrub_has_run(pg_fresh_url, monkeypatch):
+    """Erased.scrub_pending on PostgreSQL: the erased rows wait in the table and index files for the queued
+    scrub, so every face says so (here the library and HTTP's header) until Shelf.scrub() or the background
+    scrub has run; a process that only reads the queue (another store) sees the same."""
+    from test_server import LiveServer, bearer
+
+    from memshelf.server import SCRUB_PENDING_HEADER, create_app
+
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB", "off")  # no background scrub: nothing runs it but the calls below
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        assert shelf.store.scrub_pending is False and shelf.scrub() is False  # nothing erased yet
+        memory = shelf.remember(A, "secrets", "The vault word is xanthopsia.")
+        shelf.set_fact(A, "locker", "quizzaciously")
+        assert shelf.forget(A, memory.id).scrub_pending is True
+        with Shelf.open(pg_fresh_url, embedder=None) as other:
+            assert other.store.scrub_pending is True
+        assert shelf.scrub() is False
+        assert _queued(pg_fresh_url) == set() and shelf.store.scrub_pending is False
+        assert shelf.forget_fact(A, "locker").scrub_pending is True
+        secret = shelf.create_key(A.tenant)[1]
+        second = shelf.remember(A, "secrets", "The gate word is quillwort.")
+        shelf.scrub()
+    with LiveServer(create_app(target=pg_fresh_url, embedder=None)) as live:
+        gone = httpx.delete(f"{live.url}/v1/users/{A.user}/memories/{second.id}", headers=bearer(secret), timeout=30)
+        assert gone.status_code == 204 and gone.headers[SCRUB_PENDING_HEADER] == "true"
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        assert shelf.scrub(full=True) is False and _queued(pg_fresh_url) == set()
 
 
 @pytest.mark.parametrize(("name", "value"), [("MEMSHELF_PG_SCRUB", "sometimes"), ("MEMSHELF_PG_SCRUB_DELAY", "-1"),

@@ -351,8 +351,8 @@ def prompt(ctx: typer.Context, base_prompt: str, user_text: str,
     _emit_json({"prompt": text}) if s.as_json else print(plain(text))
 
 
-_SCRUB_PENDING = ("; another connection is reading the database, so the erased text leaves its files when that "
-                  "reader ends and memshelf next writes (scrub pending)")
+_SCRUB_PENDING = ("; a copy of the erased text stays in the database's files until the scrub, which runs later:"
+                  " `memshelf scrub` runs it now (scrub pending; README, \"Erasure\")")
 
 
 @app.command()
@@ -598,6 +598,19 @@ def purge(ctx: typer.Context) -> None:
     _emit_json(erased.as_dict()) if s.as_json else out.print(
         f"purged {counted(erased.memories, 'memories')}, {counted(erased.messages, 'messages')}"
         + (_SCRUB_PENDING if erased.scrub_pending else ""))
+
+
+@app.command()
+def scrub(ctx: typer.Context,
+          full: bool = typer.Option(False, "--full", help="PostgreSQL: VACUUM FULL, which also rewrites the tables"
+                                                            " (locked meanwhile); SQLite: no difference.")) -> None:
+    """Finish now the clean-up erasures left for later, so no copy of erased text stays in the database's files."""
+    s = _settings(ctx)
+    with _shelf(ctx, embedder=None) as shelf:
+        pending = shelf.scrub(full=full or None)
+    _emit_json({"scrub_pending": pending}) if s.as_json else out.print(
+        "scrub pending: another connection is reading the database, or new erasures came in meanwhile; run this"
+        " again later" if pending else "scrubbed: what erasures left for later is done (README, \"Erasure\")")
 
 
 def _progress() -> Progress:

@@ -724,6 +724,12 @@ class Shelf:
         """Delete, for good, every memory and message whose expiry has passed (they are already invisible)."""
         return self.store.purge_expired(self.now())
 
+    def scrub(self, *, full: bool | None = None) -> bool:
+        """Finish now what erasures left for later (see Erased.scrub_pending): on SQLite the checkpoint a reader
+        held up, tried again; on PostgreSQL the queued scrub (full=True: VACUUM FULL, see README). Returns whether a
+        copy of erased text may still be on disk (True on SQLite while another connection keeps reading)."""
+        return self.store.finish_scrub(full)
+
     # ---------------------------------------------------------------- vectors
     def backfill(self, *, batch_size: int = 64, progress: Callable[[int, int], None] | None = None) -> int:
         """Embed every memory whose vector is missing or from another model, batch by batch.

@@ -95,8 +95,9 @@ class Erased:
     """How many records an erase or purge removed, and whether their text may still sit in the database's files.
 
     scrub_pending: the records are gone from every read, but a copy of their text may remain on disk a while
-    longer (SQLite: another connection is reading an older snapshot, so the WAL cannot be emptied yet; the store's
-    next write, erasure or close finishes the scrub).
+    longer, until the backend's scrub has run (Shelf.scrub() runs it now). SQLite: another connection is reading
+    an older snapshot, so the WAL cannot be emptied yet; the store's next write, erasure or close finishes the
+    scrub. PostgreSQL: the scrub is queued and runs in the background MEMSHELF_PG_SCRUB_DELAY seconds later.
     """
 
     memories: int = 0
@@ -414,6 +415,11 @@ class Store(MemoryStore, RecordStore, AdminStore):
     def scrub_pending(self) -> bool:
         """Whether the text of something erased may still sit in the backend's files (see Erased.scrub_pending)."""
         return False
+
+    def finish_scrub(self, full: bool | None = None) -> bool:
+        """Finish the clean-up of past erasures now, as far as the backend can; returns scrub_pending after it.
+        full: the backend's thorough kind, where it has one (PostgreSQL: VACUUM FULL)."""
+        return self.scrub_pending
 
     @property
     def quick_reads(self) -> bool:

@@ -1008,6 +1008,24 @@ class PostgresStore(SQLRecords):
             cur.execute("INSERT INTO memshelf_scrub (relation) SELECT unnest(%s::text[])", (tables,))
             self._upkeep.erased()
 
+    @property
+    def scrub_pending(self) -> bool:
+        """Whether erasures wait in memshelf_scrub (queued by any process) for the background scrub or scrub()."""
+        if getattr(self._local, "conn", None) is not None:
+            return True  # inside a transaction, whose role cannot read the queue: say what may be so
+        try:
+            with self._pool.connection() as conn:
+                return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM memshelf_scrub)").fetchone()[0])  # type: ignore[index]
+        except psycopg.Error as exc:
+            raise _translate(exc, self._hint) from exc
+
+    def _erased(self, counts: dict[str, int], touched: set[str], whole_owner: bool) -> bool:
+        return self.scrub_pending  # the erasure is queued; the scrub runs later
+
+    def finish_scrub(self, full: bool | None = None) -> bool:
+        self.scrub(full)
+        return self.scrub_pending
+
     def scrub(self, full: bool | None = None) -> list[str]:
         """Scrub erased rows off disk now, instead of waiting for the background scrub; returns the tables
         scrubbed. Default (MEMSHELF_PG_SCRUB=vacuum): VACUUM, REINDEX CONCURRENTLY and CHECKPOINT, after which the

@@ -369,6 +369,12 @@ class SQLiteStore(SQLRecords):
     def scrub_pending(self) -> bool:
         return self._scrub_pending
 
+    def finish_scrub(self, full: bool | None = None) -> bool:
+        """The checkpoint a reader held up, tried again (waiting SCRUB_WAIT_MS for readers, as an erasure does)."""
+        if self._scrub_pending:
+            self._checkpoint(SCRUB_WAIT_MS)
+        return self._scrub_pending
+
     @property
     def quick_reads(self) -> bool:
         """A file in WAL mode: a reader never waits for a writer, and the keys' pages stay in memory. (An in-memory

@@ -453,8 +453,22 @@ def test_forget_user_erases_every_kind_of_record(shelf):
     shelf.set_fact(KALEB, "user_name", "Kal")
     shelf.log_message(KALEB, "t1", "user", "hi")
     erased = shelf.forget_user(KALEB)
-    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1, "scrub_pending": False}
+    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1,
+                                "scrub_pending": shelf.store.scrub_pending}
     assert [r["kind"] for r in shelf.export(KALEB)] == ["memshelf-export"]
+
+
+def test_scrub_finishes_what_erasures_left_for_later(shelf):
+    """Whether an erasure leaves its scrub for later is the backend's to say (Erased.scrub_pending); with no other
+    connection reading, Shelf.scrub() finishes it, and the records stay gone."""
+    memory = shelf.remember(KALEB, "secrets", "The safe word is xylophagous.")
+    shelf.set_fact(KALEB, "locker", "4471")
+    assert shelf.forget(KALEB, memory.id).scrub_pending == shelf.store.scrub_pending
+    assert shelf.forget_fact(KALEB, "locker").scrub_pending == shelf.store.scrub_pending
+    assert shelf.scrub() is False
+    assert shelf.store.scrub_pending is False
+    assert shelf.search(KALEB, "xylophagous") == [] and shelf.facts(KALEB) == []
+    assert shelf.scrub() is False  # nothing left: a no-op
 
 
 def test_forget_tenant_erases_all_its_users(shelf):
@@ -786,7 +800,8 @@ def test_forget_thread_erases_its_messages_and_watermark_and_cascades_by_evidenc
 
     erased = shelf.forget_thread(KALEB, "t1", cascade=True)
 
-    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1, "scrub_pending": False}
+    assert erased.as_dict() == {"memories": 1, "facts": 1, "fact_changes": 2, "messages": 1,
+                                "scrub_pending": shelf.store.scrub_pending}
     assert sorted(m.content for m in shelf.list_memories(KALEB)[0]) == ["Kaleb had a parrot.", "Kaleb has a dog."]
     assert [f.key for f in shelf.facts(KALEB)] == ["home_city"] and shelf.fact_history(KALEB, "pet") == []
     assert shelf.messages(KALEB, "t1") == [] and [m.id for m in shelf.messages(KALEB, "t2")] == [there.id]
