@@ -28,10 +28,13 @@ MAYA = Owner("home", "maya")
 def assert_index_consistent(db: Path) -> None:
     """Each tenant's full-text tables index exactly that tenant's rows, once each: FTS5's integrity-check against
     the content (run on a copy whose memories table holds only that tenant's rows, since the content table is
-    shared), and for every owner as many index entries as rows."""
+    shared), for every owner as many index entries as rows, and the tenant's row count (fts_tenants.rows) right."""
     copy = sqlite3.connect(":memory:", isolation_level=None)
     with sqlite3.connect(db) as source:
         source.backup(copy)
+    counted = copy.execute("SELECT tenant, rows, (SELECT count(*) FROM memories m WHERE m.tenant = f.tenant)"
+                           " FROM fts_tenants f").fetchall()
+    assert [(tenant, rows) for tenant, rows, _ in counted] == [(tenant, real) for tenant, _, real in counted]
     tables = {r[0]: (r[1], r[2]) for r in copy.execute("SELECT tenant, words, context FROM fts_tenants")}
     with_rows = {r[0] for r in copy.execute("SELECT DISTINCT tenant FROM memories")}
     assert with_rows <= set(tables), f"tenants without full-text tables: {with_rows - set(tables)}"

@@ -81,19 +81,31 @@ class TenantIndexes:
         row = self._q("SELECT words, context FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
         return None if row is None else (row[0], row[1])
 
-    def _create(self, tenant: str, in_place: bool = SECURE_DELETE) -> tuple[str, str]:
-        """Empty tables for a tenant's first memory; in_place: deletions take entries out in place from the start
-        (not while migrating a file older than fts_tenants.secure: its first full merge turns them on)."""
+    def _create(self, tenant: str, migrating: bool = False) -> tuple[str, str]:
+        """Empty tables for a tenant's first memory, whose deletions take entries out in place where this SQLite
+        can. While migrating a file older than fts_tenants.secure and .rows, neither is set here: the first full
+        merge turns in-place deletion on, and m015 counts the rows."""
         words, context = table_names(tenant)
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {words} USING fts5(topic, content, owner_tag,"
                 f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {context} USING fts5(topic, content, owner_tag, context,"
                 f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
         self._q("INSERT INTO fts_tenants (tenant, words, context) VALUES (?, ?, ?)", (tenant, words, context))
-        if in_place:
+        if migrating:
+            return words, context
+        if SECURE_DELETE:
             self._in_place(words, context, True)
-            self._q("UPDATE fts_tenants SET secure = 1 WHERE tenant = ?", (tenant,))
+        self._q("UPDATE fts_tenants SET secure = ?, rows = (SELECT coalesce(sum(memories), 0) FROM owner_generation"
+                " WHERE tenant = ?) WHERE tenant = ?", (int(SECURE_DELETE), tenant, tenant))
         return words, context
+
+    def counted(self, owner_tenant: str, owner_user: str) -> tuple[str, str, int, int] | None:
+        """The tenant's two tables, how many memories the owner has and how many the tenant has (the rows of its
+        tables), in one statement; None when the tenant has never stored a memory."""
+        row = self._q("SELECT words, context, (SELECT memories FROM owner_generation WHERE tenant = ? AND"
+                      " user_id = ?), rows FROM fts_tenants WHERE tenant = ?",
+                      (owner_tenant, owner_user, owner_tenant)).fetchone()
+        return None if row is None else (row[0], row[1], row[2] or 0, row[3])
 
     def _in_place(self, words: str, context: str, on: bool) -> None:
         """Turn FTS5's secure-delete on or off for a tenant's pair (stored in the tables' own settings)."""
@@ -111,7 +123,7 @@ class TenantIndexes:
 
     def index_existing(self, tenant: str) -> None:
         """Tables for a tenant whose rows were stored before tenants had their own (m004)."""
-        self._fill(tenant, *self._create(tenant, in_place=False))
+        self._fill(tenant, *self._create(tenant, migrating=True))
 
     def rebuild(self, tenant: str) -> None:
         """Index the tenant's rows afresh, with no deleted entry and no level left over. FTS5's own 'rebuild' would
@@ -167,8 +179,7 @@ class TenantIndexes:
         return touched
 
     def _in_place_bound(self, tenant: str) -> int:
-        rows = self._q("SELECT coalesce(sum(memories), 0) FROM owner_generation WHERE tenant = ?",
-                       (tenant,)).fetchone()[0]
+        rows = self._q("SELECT rows FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()[0]
         return max(IN_PLACE_MIN, rows // IN_PLACE_SHARE)
 
     def replace_context(self, tenant: str, pk: int, topic: str, content: str, tag: str, old: str, new: str) -> None:

@@ -321,4 +321,22 @@ END;
 -- and get it after their next full merge, on an SQLite that has it.
 ALTER TABLE fts_tenants ADD COLUMN secure INTEGER NOT NULL DEFAULT 0;
 """),
+    ("m015_tenant_rows", """
+-- rows: how many memories the tenant has, which a keyword search reads to choose its plan. Summing owner_generation
+-- over the tenant cost 0.6 ms at 10,000 users and 7 ms at 100,000, on every search; these triggers keep the total.
+-- (An upsert's DO UPDATE fires the update trigger.)
+ALTER TABLE fts_tenants ADD COLUMN rows INTEGER NOT NULL DEFAULT 0;
+UPDATE fts_tenants SET rows = (SELECT coalesce(sum(g.memories), 0) FROM owner_generation g
+                               WHERE g.tenant = fts_tenants.tenant);
+CREATE TRIGGER owner_generation_rows_insert AFTER INSERT ON owner_generation WHEN new.memories != 0 BEGIN
+    UPDATE fts_tenants SET rows = rows + new.memories WHERE tenant = new.tenant;
+END;
+CREATE TRIGGER owner_generation_rows_update AFTER UPDATE OF memories ON owner_generation
+WHEN new.memories != old.memories BEGIN
+    UPDATE fts_tenants SET rows = rows + new.memories - old.memories WHERE tenant = new.tenant;
+END;
+CREATE TRIGGER owner_generation_rows_delete AFTER DELETE ON owner_generation WHEN old.memories != 0 BEGIN
+    UPDATE fts_tenants SET rows = rows - old.memories WHERE tenant = old.tenant;
+END;
+"""),
 ]

@@ -660,14 +660,14 @@ class SQLiteStore(SQLRecords):
         question asked in the words of the turns around it."""
         if not terms:
             return []
-        names = self._fts.names(owner.tenant)
-        if names is None:
+        counted = self._fts.counted(owner.tenant, owner.user)
+        if counted is None:
             return []  # the tenant has never stored a memory
-        table, weights = (names[0], "1.0, 1.0, 0.0") if by_confidence else \
-            (names[1], f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
+        words, context, mine, tenant = counted
+        table, weights = (words, "1.0, 1.0, 0.0") if by_confidence else \
+            (context, f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
-        mine, tenant = self._owner_counts(owner)
         narrow = mine < OWNER_TOKEN_SHARE * tenant
         ranked, among, query = self._ranked_only(table, terms, owner, narrow, with_context=not by_confidence,
                                                  rows=mine if narrow else tenant)
@@ -725,13 +725,6 @@ class SQLiteStore(SQLRecords):
     def _matches(self, table: str, query: str) -> list[int]:
         return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
                                           (query, RANKED + 1)).fetchall()]
-
-    def _owner_counts(self, owner: Owner) -> tuple[int, int]:
-        """How many memories the owner has, and its tenant (the rows of the tenant's full-text tables)."""
-        row = self._q("SELECT (SELECT memories FROM owner_generation WHERE tenant = ? AND user_id = ?),"
-                      " (SELECT sum(memories) FROM owner_generation WHERE tenant = ?)",
-                      (owner.tenant, owner.user, owner.tenant)).fetchone()
-        return row[0] or 0, row[1] or 0
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
