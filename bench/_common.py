@@ -130,7 +130,10 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    from memshelf.stores._sqlite_lib import sqlite3 as memshelf_sqlite3  # MEMSHELF_SQLITE's choice
+
     return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+            "memshelf_sqlite": f"{memshelf_sqlite3.__name__} {memshelf_sqlite3.sqlite_version}",
             "numpy": np.__version__, "loadavg_at_start": [round(x, 2) for x in load if x is not None],
             "platform": platform.platform()}
 

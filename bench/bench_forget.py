@@ -6,10 +6,10 @@ single forget() calls of one user's memories, one at a time (each call includes 
 and the WAL checkpoint), a remember followed by the forget of the memory it replaces (what the LangGraph store's
 updating put does), and forget_user() of another user. Variants:
 
-- "python": the sqlite3 module Python brings (its SQLite version is printed);
-- "newer-merge": the SQLite bundled by the pysqlite3-binary wheel, with in-place deletion turned off
-  (memshelf.stores._sqlite_fts.SECURE_DELETE = False): every erasure merges the tenant's whole index, as on an SQLite
-  older than 3.45; the baseline for the next one on the same SQLite;
+- "python": the sqlite3 module Python brings (its SQLite version is printed; MEMSHELF_SQLITE=python);
+- "newer-merge": the SQLite bundled by the pysqlite3-binary wheel (MEMSHELF_SQLITE=pysqlite3), with in-place
+  deletion turned off (memshelf.stores._sqlite_fts.SECURE_DELETE = False): every erasure merges the tenant's whole
+  index, as on an SQLite older than 3.45; the baseline for the next one on the same SQLite;
 - "newer-in-place": the same SQLite as shipped, deleting the entries in place.
 
     .venv/bin/python bench/bench_forget.py                         # 100,000 rows, 10 users
@@ -37,15 +37,11 @@ VARIANTS = ("python", "newer-merge", "newer-in-place")
 
 def run(variant: str, rows: int, users: int, forgets: int) -> dict[str, Any]:
     """One variant's timings, in ms (run in a worker process)."""
-    if variant != "python":
-        import pysqlite3.dbapi2  # type: ignore[import-not-found]
-
-        sys.modules["sqlite3"] = pysqlite3.dbapi2
-    import sqlite3
-
+    os.environ["MEMSHELF_SQLITE"] = "python" if variant == "python" else "pysqlite3"
     from _common import TextGenerator
     from memshelf import Owner, Shelf
     from memshelf.stores import _sqlite_fts
+    from memshelf.stores._sqlite_lib import sqlite3
 
     if variant == "newer-merge":
         _sqlite_fts.SECURE_DELETE = False

@@ -10,10 +10,16 @@ import pytest
 
 if os.environ.get("MEMSHELF_TEST_SQLITE") == "pysqlite3":
     # The SQLite bundled by the pysqlite3-binary wheel, newer than the one Python brings here, for the whole
-    # session: tests/test_sqlite_versions.py runs the SQLite suites so, to cover what only newer versions do.
+    # session, the tests' own looks at the files included: tests/test_sqlite_versions.py runs the SQLite suites so,
+    # to cover what only newer versions do.
     import pysqlite3.dbapi2  # type: ignore[import-not-found]
 
     sys.modules["sqlite3"] = pysqlite3.dbapi2
+    os.environ["MEMSHELF_SQLITE"] = "pysqlite3"
+else:
+    # Python's own SQLite, which memshelf runs on unless the wheel (a test dependency) is installed: the rest of the
+    # suite covers that path, the run above the other.
+    os.environ.setdefault("MEMSHELF_SQLITE", "python")
 
 from memshelf.testing import clock, open_shelf, shelf  # noqa: F401  the contract suite's fixtures, used everywhere
 

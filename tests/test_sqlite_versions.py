@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from memshelf import Owner, Shelf
-from memshelf.stores import _sqlite_fts
+from memshelf import ConfigError, Owner, Shelf
+from memshelf.stores import _sqlite_fts, _sqlite_lib
 from memshelf.stores._sqlite_fts import READS_SECURE, SECURE_DELETE
 
 from test_sqlite import file_bytes
@@ -97,10 +97,28 @@ def test_an_erasure_within_the_tenants_bound_is_in_place_and_one_beyond_it_merge
 
 def test_the_session_runs_the_sqlite_it_was_asked_for():
     if os.environ.get("MEMSHELF_TEST_SQLITE") == "pysqlite3":
-        assert sqlite3.__name__ == "pysqlite3.dbapi2" and SECURE_DELETE
+        assert sqlite3.__name__ == _sqlite_lib.sqlite3.__name__ == "pysqlite3.dbapi2" and SECURE_DELETE
     else:
-        assert sqlite3.__name__ == "sqlite3"
+        assert sqlite3.__name__ == _sqlite_lib.sqlite3.__name__ == "sqlite3"
         assert SECURE_DELETE == (sqlite3.sqlite_version_info >= (3, 45, 0))
+
+
+def test_memshelf_sqlite_chooses_the_module(monkeypatch):
+    import sqlite3 as python
+
+    assert _sqlite_lib.choose("python") is python
+    with pytest.raises(ConfigError, match="MEMSHELF_SQLITE must be one of auto, python, pysqlite3, got 'newest'"):
+        _sqlite_lib.choose("newest")
+    if NEWER:
+        from pysqlite3 import dbapi2
+
+        assert _sqlite_lib.choose("pysqlite3") is dbapi2
+        assert _sqlite_lib.choose(None) is _sqlite_lib.choose(" Auto ") is (
+            dbapi2 if dbapi2.sqlite_version_info > python.sqlite_version_info else python)
+    monkeypatch.setattr(_sqlite_lib, "_wheel", lambda: None)  # as where the wheel is not installed
+    assert _sqlite_lib.choose("auto") is python
+    with pytest.raises(ConfigError, match=r"pip install 'memshelf\[sqlite\]'"):
+        _sqlite_lib.choose("pysqlite3")
 
 
 def test_an_index_made_without_in_place_deletion_gets_it_at_its_first_merge(tmp_path):
@@ -148,8 +166,6 @@ def test_erased_words_leave_no_trace_in_a_many_page_index(tmp_path):
 
 WRITE_WITH_NEWER_SQLITE = """
 import sys
-import pysqlite3.dbapi2
-sys.modules["sqlite3"] = pysqlite3.dbapi2
 from memshelf import Owner, Shelf
 kaleb, maya = Owner("home", "kaleb"), Owner("home", "maya")
 with Shelf.open(sys.argv[1], embedder=None) as shelf:
@@ -165,7 +181,7 @@ with Shelf.open(sys.argv[1], embedder=None) as shelf:
 def test_an_older_sqlite_rebuilds_what_a_newer_one_deleted_in_place(tmp_path):
     db = tmp_path / "memory.db"
     subprocess.run([sys.executable, "-c", WRITE_WITH_NEWER_SQLITE, str(db)], check=True,
-                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MEMSHELF_SQLITE": "pysqlite3"})
     with sqlite3.connect(db) as conn:
         words = conn.execute("SELECT words FROM fts_tenants").fetchone()[0]
         assert conn.execute(f"SELECT v FROM {words}_config WHERE k = 'version'").fetchone()[0] > 4

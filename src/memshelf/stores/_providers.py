@@ -5,12 +5,12 @@ driver) is imported when a store is opened or checked, not before."""
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
 from .registry import StoreProvider
+from ._sqlite_lib import sqlite3
 
 if TYPE_CHECKING:
     from .base import Store

@@ -20,10 +20,10 @@ tenant still share statistics (the tenant is the unit of isolation for ranking; 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 
 from ..keywords import index_text
+from ._sqlite_lib import sqlite3
 
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 

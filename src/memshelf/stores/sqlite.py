@@ -7,7 +7,6 @@ import hashlib
 import heapq
 import json
 import logging
-import sqlite3
 import threading
 import time
 from contextlib import AbstractContextManager, contextmanager
@@ -27,6 +26,7 @@ from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
+from ._sqlite_lib import sqlite3
 from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
 from . import _sqlite_vector_files
 
