@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memshelf import ConfigError, Owner, Shelf
+from memshelf import ConfigError, Owner, Shelf, StoreError
 from memshelf.stores import _sqlite_fts, _sqlite_lib
 from memshelf.stores._sqlite_fts import READS_SECURE, SECURE_DELETE
 
@@ -193,6 +193,33 @@ def test_an_older_sqlite_rebuilds_what_a_newer_one_deleted_in_place(tmp_path):
         shelf.forget_user(KALEB)
         assert not shelf.search(KALEB, "printer")
     assert fts_state(db) == (1, 0, None)
+    assert b"xylophag" not in file_bytes(db)
+    assert_index_consistent(db)
+
+
+FORGET_WITH_NEWER_SQLITE = """
+import sys
+from memshelf import Owner, Shelf
+with Shelf.open(sys.argv[1], embedder=None) as shelf:
+    for memory_id in sys.argv[2:]:
+        shelf.forget(Owner("home", "kaleb"), memory_id)
+"""
+
+
+@pytest.mark.skipif(READS_SECURE or not NEWER, reason="needs an SQLite older than 3.42 and the pysqlite3 wheel")
+def test_a_store_open_while_a_newer_sqlite_deletes_in_place_says_to_reopen(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = filled(db)
+    first = shelf.remember(KALEB, "secrets", "The door code is 1234.")  # its erasure merges, then in place
+    secret = shelf.remember(KALEB, "secrets", "The safe word is xylophagous.")  # erased in place
+    shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
+    subprocess.run([sys.executable, "-c", FORGET_WITH_NEWER_SQLITE, str(db), first.id, secret.id], check=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MEMSHELF_SQLITE": "pysqlite3"})
+    with pytest.raises(StoreError, match="close and reopen the store, which rebuilds that index"):
+        shelf.search(KALEB, "printer")
+    shelf.close()
+    with Shelf.open(db, embedder=None) as again:
+        assert [h.memory.content for h in again.search(KALEB, "printer")] == ["The office printer is on 192.168.1.40."]
     assert b"xylophag" not in file_bytes(db)
     assert_index_consistent(db)
 

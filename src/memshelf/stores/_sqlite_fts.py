@@ -167,7 +167,10 @@ class TenantIndexes:
                 continue
             touched.add(tenant)
             words, ctx, secure = found
-            if secure and not (SECURE_DELETE and len(doomed) <= self._in_place_bound(tenant)):
+            in_place = secure and SECURE_DELETE and len(doomed) <= self._in_place_bound(tenant)
+            if in_place:
+                self._in_place(words, ctx, True)  # as the column says, whatever was done to the tables' settings
+            elif secure:
                 self._in_place(words, ctx, False)
                 self._q("UPDATE fts_tenants SET secure = 0 WHERE tenant = ?", (tenant,))
             for _tenant, pk, topic, content, tag, context in doomed:

@@ -87,6 +87,11 @@ def translate(exc: sqlite3.Error, path: str) -> MemshelfError:
     if code in _NO_ACCESS:
         return StoreError(f"cannot open or write the SQLite file {path} ({exc}): check the path and the "
                           "permissions of the file and its folder")
+    if "invalid fts5 file format" in str(exc):
+        return StoreError(f"another process, on a newer SQLite, deleted from {path}'s full-text index in place, "
+                          f"which this SQLite ({sqlite3.sqlite_version}) cannot read ({exc}): close and reopen the "
+                          "store, which rebuilds that index (README, \"Erasure\"), or run every process on SQLite "
+                          "3.42 or newer (pip install 'memshelf[sqlite]')")
     return StoreError(f"SQLite failed on {path} ({exc}): not a lock, so retrying will not help; "
                       "report it with this message if it persists")
 
