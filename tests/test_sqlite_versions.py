@@ -103,6 +103,14 @@ def test_the_session_runs_the_sqlite_it_was_asked_for():
         assert SECURE_DELETE == (sqlite3.sqlite_version_info >= (3, 45, 0))
 
 
+def test_a_bad_memshelf_sqlite_is_a_one_line_error_naming_the_choices(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "memshelf.cli", "--db", str(tmp_path / "m.db"), "stats"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MEMSHELF_SQLITE": "newest", "MEMSHELF_EMBEDDER": "none"})
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "MEMSHELF_SQLITE must be one of auto, python, pysqlite3, got 'newest'" in run.stderr
+
+
 def test_memshelf_sqlite_chooses_the_module(monkeypatch):
     import sqlite3 as python
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
 from .registry import StoreProvider
-from ._sqlite_lib import sqlite3
 
 if TYPE_CHECKING:
     from .base import Store
@@ -31,6 +30,8 @@ def _check_sqlite_source(target: str) -> None:
         raise InvalidInput(f"the source {target!r} does not exist: nothing was copied or created. Check the path of "
                            "the SQLite file to copy from (the one MEMSHELF_DB or --db named), or give a "
                            "postgresql:// URL")
+    from ._sqlite_lib import sqlite3  # here, not at import: a bad MEMSHELF_SQLITE must not stop PostgreSQL
+
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
