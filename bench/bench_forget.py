@@ -1,4 +1,6 @@
-"""Erasure on SQLite: what one forget() costs as the tenant grows, and an erasure of a whole user.
+"""Erasure on SQLite: what one forget() costs as the tenant grows, and an erasure of a whole user, on each SQLite
+memshelf can run on. (bench/bench_erase.py compares source trees on one SQLite, one big owner with vectors; this
+one compares SQLite versions and in-place deletion, over a tenant of many users.)
 
 Each variant runs in a fresh Python process, on a new file: --rows statements from the keyword benchmark's text
 generator spread over --users users of one tenant (keywords only: no vectors, no model). Then it times --forgets
