@@ -770,6 +770,25 @@ def test_an_erasure_says_its_scrub_is_pending_until_a_scrub_has_run(pg_fresh_url
         assert shelf.scrub(full=True) is False and _queued(pg_fresh_url) == set()
 
 
+def test_an_erasure_that_committed_is_no_error_when_the_scrub_queue_cannot_be_read(pg_fresh_url, monkeypatch):
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        memory = shelf.remember(A, "secrets", "The vault word is xanthopsia.")
+        store = shelf.store
+        real = store._pool.connection  # type: ignore[attr-defined]
+        calls = []
+
+        def out_of_reach(*args, **kwargs):  # the erasure's own transaction gets through; the look after it not
+            calls.append(1)
+            if len(calls) > 1:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store._pool, "connection", out_of_reach)  # type: ignore[attr-defined]
+        assert shelf.forget(A, memory.id).scrub_pending is True
+        monkeypatch.undo()
+        assert shelf.search(A, "xanthopsia") == []
+
+
 @pytest.mark.parametrize(("name", "value"), [("MEMSHELF_PG_SCRUB", "sometimes"), ("MEMSHELF_PG_SCRUB_DELAY", "-1"),
                                              ("MEMSHELF_PG_SCRUB_DELAY", "soon")])
 def test_a_bad_scrub_setting_is_refused_before_anything_is_opened(pg_fresh_url, monkeypatch, name, value):

@@ -84,7 +84,7 @@ from psycopg import sql
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import Format
 from psycopg.types import TypeInfo
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_ids
@@ -1010,14 +1010,17 @@ class PostgresStore(SQLRecords):
 
     @property
     def scrub_pending(self) -> bool:
-        """Whether erasures wait in memshelf_scrub (queued by any process) for the background scrub or scrub()."""
+        """Whether erasures wait in memshelf_scrub (queued by any process) for the background scrub or scrub().
+        When the queue cannot be read (inside a transaction, whose role may not read it; the server out of reach
+        just after an erasure committed) the answer is True: what may be so, and never an error for an erasure
+        that is done."""
         if getattr(self._local, "conn", None) is not None:
-            return True  # inside a transaction, whose role cannot read the queue: say what may be so
+            return True
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout=5) as conn:
                 return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM memshelf_scrub)").fetchone()[0])  # type: ignore[index]
-        except psycopg.Error as exc:
-            raise _translate(exc, self._hint) from exc
+        except (psycopg.Error, PoolTimeout):
+            return True
 
     def _erased(self, counts: dict[str, int], touched: set[str], whole_owner: bool) -> bool:
         return self.scrub_pending  # the erasure is queued; the scrub runs later
