@@ -181,14 +181,15 @@ with Shelf.open(sys.argv[1], embedder=None) as shelf:
                                for i in range(400)])
     secret = shelf.remember(kaleb, "secrets", "The safe word is xylophagous.")
     shelf.remember(kaleb, "network", "The office printer is on 192.168.1.40.")
-    shelf.forget(kaleb, secret.id)
+    if sys.argv[2:] == ["forget"]:
+        shelf.forget(kaleb, secret.id)
 """
 
 
 @pytest.mark.skipif(READS_SECURE or not NEWER, reason="needs an SQLite older than 3.42 and the pysqlite3 wheel")
 def test_an_older_sqlite_rebuilds_what_a_newer_one_deleted_in_place(tmp_path):
     db = tmp_path / "memory.db"
-    subprocess.run([sys.executable, "-c", WRITE_WITH_NEWER_SQLITE, str(db)], check=True,
+    subprocess.run([sys.executable, "-c", WRITE_WITH_NEWER_SQLITE, str(db), "forget"], check=True,
                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MEMSHELF_SQLITE": "pysqlite3"})
     with sqlite3.connect(db) as conn:
         words = conn.execute("SELECT words FROM fts_tenants").fetchone()[0]
@@ -202,6 +203,27 @@ def test_an_older_sqlite_rebuilds_what_a_newer_one_deleted_in_place(tmp_path):
         assert not shelf.search(KALEB, "printer")
     assert fts_state(db) == (1, 0, None)
     assert b"xylophag" not in file_bytes(db)
+    assert_index_consistent(db)
+
+
+@pytest.mark.skipif(READS_SECURE or not NEWER, reason="needs an SQLite older than 3.42 and the pysqlite3 wheel")
+def test_an_older_sqlite_reads_as_they_are_the_indexes_a_newer_one_never_deleted_from_in_place(tmp_path):
+    db = tmp_path / "memory.db"
+    subprocess.run([sys.executable, "-c", WRITE_WITH_NEWER_SQLITE, str(db)], check=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MEMSHELF_SQLITE": "pysqlite3"})
+
+    def index(conn: sqlite3.Connection) -> list[tuple]:
+        words, context = conn.execute("SELECT words, context FROM fts_tenants").fetchone()
+        return [row for name in (words, context) for row in conn.execute(f"SELECT * FROM {name}_data ORDER BY id")]
+
+    with sqlite3.connect(db) as conn:
+        before = index(conn)
+    assert fts_state(db) == (0, 1, "1")
+    with Shelf.open(db, embedder=None) as shelf:
+        assert [h.memory.content for h in shelf.search(KALEB, "printer")] == ["The office printer is on 192.168.1.40."]
+    with sqlite3.connect(db) as conn:
+        assert index(conn) == before  # not rebuilt: read as it was
+    assert fts_state(db) == (0, 0, None)
     assert_index_consistent(db)
 
 

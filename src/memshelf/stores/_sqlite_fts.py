@@ -224,15 +224,18 @@ class TenantIndexes:
                 self._q("UPDATE fts_tenants SET secure = 1 WHERE tenant = ?", (tenant,))
 
     def readable(self) -> None:
-        """On an SQLite older than READS_SECURE, rebuild the indexes a newer one changed with in-place deletions,
-        which this one could neither read nor drop: their format mark goes back to the old one, their settings lose
-        secure-delete, and they are filled again from the tenant's rows (nothing of the old index is kept)."""
+        """On an SQLite older than READS_SECURE, undo what a newer one set for in-place deletion. Its tables lose the
+        secure-delete setting; those it changed in place, which this SQLite can neither read nor drop (format 5),
+        get the old format mark back and are filled again from the tenant's rows (nothing of their old index is
+        kept). Tables it never deleted from in place are read as they are."""
         if READS_SECURE:
             return
         for tenant, words, context in self._q("SELECT tenant, words, context FROM fts_tenants WHERE secure = 1"
                                               ).fetchall():
+            changed = False
             for name in (words, context):
-                self._q(f"UPDATE {name}_config SET v = 4 WHERE k = 'version' AND v > 4")
+                changed |= self._q(f"UPDATE {name}_config SET v = 4 WHERE k = 'version' AND v > 4").rowcount > 0
                 self._q(f"DELETE FROM {name}_config WHERE k = 'secure-delete'")
             self._q("UPDATE fts_tenants SET secure = 0 WHERE tenant = ?", (tenant,))
-            self.rebuild(tenant)
+            if changed:
+                self.rebuild(tenant)
