@@ -760,12 +760,15 @@ def test_an_erasure_says_its_scrub_is_pending_until_a_scrub_has_run(pg_fresh_url
         assert shelf.scrub() is False
         assert _queued(pg_fresh_url) == set() and shelf.store.scrub_pending is False
         assert shelf.forget_fact(A, "locker").scrub_pending is True
-        secret = shelf.create_key(A.tenant)[1]
+        secret, admin = shelf.create_key(A.tenant)[1], shelf.create_key(None)[1]
         second = shelf.remember(A, "secrets", "The gate word is quillwort.")
         shelf.scrub()
     with LiveServer(create_app(target=pg_fresh_url, embedder=None)) as live:
         gone = httpx.delete(f"{live.url}/v1/users/{A.user}/memories/{second.id}", headers=bearer(secret), timeout=30)
         assert gone.status_code == 204 and gone.headers[SCRUB_PENDING_HEADER] == "true"
+        assert _queued(pg_fresh_url) == {"memories", "memory_pieces"}
+        scrubbed = httpx.post(f"{live.url}/v1/admin/scrub", headers=bearer(admin), timeout=60)
+        assert scrubbed.json() == {"scrub_pending": False} and _queued(pg_fresh_url) == set()
     with Shelf.open(pg_fresh_url, embedder=None) as shelf:
         assert shelf.scrub(full=True) is False and _queued(pg_fresh_url) == set()
 

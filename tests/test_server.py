@@ -132,7 +132,7 @@ def test_web_page_and_api_docs_are_served(anonymous: httpx.Client) -> None:
                  "/v1/users/{user}/messages", "/v1/users/{user}/export", "/v1/users/{user}/import",
                  "/v1/users/{user}/learn", "/v1/users/{user}/threads/{thread}", "/v1/users/{user}/evidence",
                  "/v1/users/{user}/memories/{memory_id}/confirm", "/v1/admin/keys",
-                 "/v1/admin/tenants/{tenant}", "/v1/admin/purge"):
+                 "/v1/admin/tenants/{tenant}", "/v1/admin/purge", "/v1/admin/scrub"):
         assert path in paths
 
 
@@ -282,6 +282,10 @@ def test_admin_erases_a_tenant_and_purges(admin: httpx.Client, deployment: Deplo
     assert purged.status_code == 200 and set(purged.json()) == {"memories", "facts", "fact_changes", "messages",
                                                                   "scrub_pending"}
     assert "memories" in admin.get("/v1/admin/stats").json()
+    assert admin.post("/v1/admin/scrub").json() == {"scrub_pending": False}
+    assert admin.post("/v1/admin/scrub", json={"full": True}).json() == {"scrub_pending": False}
+    assert_error(admin.post("/v1/admin/scrub", json={"full": "yes please"}), 422, "validation_error")
+    assert_error(admin.post("/v1/admin/scrub", json={"fully": True}), 422, "validation_error")
 
 
 # ---------------------------------------------------------------------------------------------- a tenant's users
@@ -528,7 +532,7 @@ def test_another_users_record_is_404(acme: httpx.Client) -> None:
 @pytest.mark.parametrize("method, path, body", [
     ("GET", "/v1/admin/keys", None), ("POST", "/v1/admin/keys", {"tenant": "acme"}),
     ("DELETE", "/v1/admin/keys/key_0000", None), ("DELETE", "/v1/admin/tenants/globex", None),
-    ("POST", "/v1/admin/purge", None), ("GET", "/v1/admin/stats", None),
+    ("POST", "/v1/admin/purge", None), ("GET", "/v1/admin/stats", None), ("POST", "/v1/admin/scrub", None),
 ])
 def test_tenant_key_on_admin_endpoints_is_403(acme: httpx.Client, method: str, path: str, body: Any) -> None:
     assert_error(acme.request(method, path, json=body), 403, "forbidden")

@@ -264,6 +264,15 @@ class ErasedOut(Out):
     pass
 
 
+class ScrubIn(Strict):
+    full: Annotated[bool | None, Field(description=(
+        "PostgreSQL: VACUUM FULL (true) or the default scrub (false); null: as MEMSHELF_PG_SCRUB says"))] = None
+
+
+class ScrubOut(BaseModel):
+    scrub_pending: bool
+
+
 @fields_of(UserSummary)
 class UserOut(Out):
     pass

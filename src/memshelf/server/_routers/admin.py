@@ -1,4 +1,5 @@
-"""/v1/admin: API keys, erasing a tenant, purging expired records and counting them (admin keys only); and
+"""/v1/admin: API keys, erasing a tenant, purging expired records, finishing erasures' scrub and counting records
+(admin keys only); and
 /v1/key, the key a request is made with (any key)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 
 from ...stores.base import ApiKey
 from .._deps import AdminDep, Cursor, ListLimit, ShelfDep, WorkerRoute, caller_key, page_of
-from .._schemas import IDENTIFIER, NOT_BLANK, ErasedOut, KeyIn, KeyOut, NewKeyOut, Page
+from .._schemas import IDENTIFIER, NOT_BLANK, ErasedOut, KeyIn, KeyOut, NewKeyOut, Page, ScrubIn, ScrubOut
 
 __all__ = ["router"]
 
@@ -57,6 +58,14 @@ def forget_tenant(_: AdminDep, shelf: ShelfDep, tenant: TenantPath) -> ErasedOut
 def purge(_: AdminDep, shelf: ShelfDep) -> ErasedOut:
     """Delete, for good, every memory and message whose expiry has passed."""
     return ErasedOut.of(shelf.purge_expired())
+
+
+@router.post("/v1/admin/scrub")
+def scrub(_: AdminDep, shelf: ShelfDep, body: ScrubIn | None = None) -> ScrubOut:
+    """Finish now what erasures left for later (an erasure that answered scrub_pending true, or the header
+    X-Memshelf-Scrub-Pending): PostgreSQL's queued scrub (full: VACUUM FULL, which locks the tables while it
+    rewrites them), SQLite's checkpoint a reader held up. scrub_pending: whether a copy may still be on disk."""
+    return ScrubOut(scrub_pending=shelf.scrub(full=body.full if body is not None else None))
 
 
 @router.get("/v1/admin/stats")
