@@ -164,6 +164,14 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     Console(width=160).print(table)
 
 
+def run_worker(script: str, src: Path, args: Sequence[str]) -> Any:
+    """Run `script --worker ARGS` in a fresh Python process on the source tree `src`, and return the JSON it printed
+    last: how the benchmarks measure two versions of the code (or two settings) in the same run."""
+    done = subprocess.run([sys.executable, script, "--worker", *args], env={**os.environ, "PYTHONPATH": str(src)},
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def save_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")

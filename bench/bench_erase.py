@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, print_table, save_json  # noqa: E402
+from _common import ROOT, machine, print_table, run_worker, save_json  # noqa: E402
 
 FIGURES = ("confirm p50 ms", "forget p50 ms", "forget_user s")
 
@@ -66,10 +65,7 @@ def run(rows: int, singles: int) -> dict[str, float]:
 
 
 def measure(src: Path, rows: int, singles: int) -> dict[str, float]:
-    command = [sys.executable, __file__, "--worker", "--rows", str(rows), "--singles", str(singles)]
-    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True,
-                          check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, src, ["--rows", str(rows), "--singles", str(singles)])  # type: ignore[no-any-return]
 
 
 def main() -> None:

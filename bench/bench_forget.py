@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, print_table, save_json  # noqa: E402
+from _common import ROOT, machine, print_table, run_worker, save_json  # noqa: E402
 
 VARIANTS = ("python", "newer-merge", "newer-in-place")
 
@@ -103,11 +102,8 @@ def main() -> None:
             except ImportError:
                 print(f"skipping {variant!r}: pip install pysqlite3-binary (Linux x86-64) for a newer SQLite")
                 continue
-        command = [sys.executable, __file__, "--worker", variant, "--rows", str(args.rows), "--users",
-                   str(args.users), "--forgets", str(args.forgets)]
-        done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True,
-                              text=True, check=True)
-        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[variant] = run_worker(__file__, ROOT / "src", [variant, "--rows", str(args.rows), "--users",
+                                                                str(args.users), "--forgets", str(args.forgets)])
     rows = []
     for variant, r in results.items():
         rows.append([variant, r["sqlite"], f"{statistics.median(r['forget_ms']):.1f}",

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, print_table, save_json  # noqa: E402
+from _common import ROOT, machine, print_table, run_worker, save_json  # noqa: E402
 
 KINDS = ("with vectors", "keywords only", "import with vectors", "postgres with vectors", "postgres keywords only")
 
@@ -93,10 +92,7 @@ def imported(texts: list[tuple[str, str, str]], matrix: Any, batch: int) -> floa
 
 
 def measure(src: Path, rows: int, batch: int, kind: str) -> float:
-    command = [sys.executable, __file__, "--worker", "--rows", str(rows), "--batch", str(batch), "--kind", kind]
-    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True,
-                          check=True)
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["rows_per_s"])
+    return float(run_worker(__file__, src, ["--rows", str(rows), "--batch", str(batch), "--kind", kind])["rows_per_s"])
 
 
 def main() -> None:

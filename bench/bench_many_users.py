@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, percentile, print_table, save_json  # noqa: E402
+from _common import ROOT, machine, percentile, print_table, run_worker, save_json  # noqa: E402
 
 
 def run(users: int, per_user: int, questions: int) -> dict[str, float]:
@@ -74,13 +73,10 @@ def main() -> None:
         return
     sources = [src.resolve() for src in (args.src or [ROOT / "src"])]
     samples: dict[str, list[dict[str, float]]] = {str(src): [] for src in sources}
+    worker = ["--users", str(args.users), "--per-user", str(args.per_user), "--questions", str(args.questions)]
     for _ in range(args.rounds):
         for src in sources:
-            command = [sys.executable, __file__, "--worker", "--users", str(args.users), "--per-user",
-                       str(args.per_user), "--questions", str(args.questions)]
-            done = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True,
-                                  text=True, check=True)
-            samples[str(src)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            samples[str(src)].append(run_worker(__file__, src, worker))
     first = statistics.median(r["p50_ms"] for r in samples[str(sources[0])])
     rows: list[list[Any]] = []
     for src in sources:
