@@ -164,6 +164,16 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     Console(width=160).print(table)
 
 
+def add_source_flags(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """What the benchmarks that measure source trees against each other share (see run_worker): --rounds, --src
+    (repeatable), --json, and the hidden --worker a round runs as."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--src", action="append", type=Path,
+                        help="source tree to run, e.g. a worktree of an older commit (repeatable; default src)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+
+
 def run_worker(script: str, src: Path, args: Sequence[str]) -> Any:
     """Run `script --worker ARGS` in a fresh Python process on the source tree `src`, and return the JSON it printed
     last: how the benchmarks measure two versions of the code (or two settings) in the same run."""

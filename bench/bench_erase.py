@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, print_table, run_worker, save_json  # noqa: E402
+from _common import ROOT, add_source_flags, machine, print_table, run_worker, save_json  # noqa: E402
 
 FIGURES = ("confirm p50 ms", "forget p50 ms", "forget_user s")
 
@@ -72,10 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20_000, help="memories of the owner that is erased")
     parser.add_argument("--singles", type=int, default=100, help="confirm() and forget() calls timed one by one")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--src", action="append", type=Path, help="source tree to run (repeatable; default src)")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_source_flags(parser, rounds=3)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(run(args.rows, args.singles)))

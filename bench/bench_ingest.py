@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, print_table, run_worker, save_json  # noqa: E402
+from _common import ROOT, add_source_flags, machine, print_table, run_worker, save_json  # noqa: E402
 
 KINDS = ("with vectors", "keywords only", "import with vectors", "postgres with vectors", "postgres keywords only")
 
@@ -99,10 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=2_000, help="items per remember_many call")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--src", action="append", type=Path, help="source tree to load with (repeatable; default src)")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_source_flags(parser, rounds=3)
     parser.add_argument("--kinds", default="with vectors,keywords only",
                         help=f"comma-separated, of: {', '.join(KINDS)} (default the first two)")
     parser.add_argument("--kind", help=argparse.SUPPRESS)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, percentile, print_table, run_worker, save_json  # noqa: E402
+from _common import ROOT, add_source_flags, machine, percentile, print_table, run_worker, save_json  # noqa: E402
 
 
 def run(users: int, per_user: int, questions: int) -> dict[str, float]:
@@ -63,10 +63,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=10_000)
     parser.add_argument("--per-user", type=int, default=10)
     parser.add_argument("--questions", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--src", action="append", type=Path, help="source tree (repeatable; default src)")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_source_flags(parser, rounds=2)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(run(args.users, args.per_user, args.questions)))
