@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import shutil
 import subprocess
 import sys
@@ -474,6 +475,27 @@ def test_erasing_the_user_leaves_a_receipt_and_nothing_of_them_on_the_page(page:
     show.click()
     page.get_by_text(f"{USER} has no memories here").wait_for()
     assert page.locator("#results").is_hidden() and receipt.is_hidden()
+
+
+def test_an_erasure_whose_scrub_is_left_for_later_says_so_on_its_receipt(page: Any, served: Served) -> None:
+    """Another connection reading the file holds up SQLite's scrub: the receipt says a copy may stay until the next
+    scrub, and how to run it."""
+    seed(served, USER, ("note", "The safe word is xylophagous."))
+    open_as(page, served, USER)
+    show_memories(page, 1)
+    reader = sqlite3.connect(served.db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM memories").fetchone()
+    try:
+        answer_dialogs(page, accept=True)
+        page.get_by_role("button", name="Erase this user").click()
+        status(page).get_by_text(re.compile(r"Erased .*1 memory")).wait_for()
+        scrub = page.locator("#receipt-scrub")
+        assert scrub.is_visible()
+        assert "until the next scrub" in scrub.inner_text() and "memshelf scrub" in scrub.inner_text()
+        shot(page, "erased-scrub-pending")
+    finally:
+        reader.close()
 
 
 # ---------------------------------------------------------------------------------------------- errors
