@@ -162,12 +162,13 @@ class TenantIndexes:
             by_tenant.setdefault(row[0], []).append(row)
         touched: set[str] = set()
         for tenant, doomed in by_tenant.items():
-            found = self._q("SELECT words, context, secure FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
+            found = self._q("SELECT words, context, secure, rows FROM fts_tenants WHERE tenant = ?",
+                            (tenant,)).fetchone()
             if found is None:
                 continue
             touched.add(tenant)
-            words, ctx, secure = found
-            in_place = secure and SECURE_DELETE and len(doomed) <= self._in_place_bound(tenant)
+            words, ctx, secure, tenant_rows = found
+            in_place = secure and SECURE_DELETE and len(doomed) <= max(IN_PLACE_MIN, tenant_rows // IN_PLACE_SHARE)
             if in_place:
                 self._in_place(words, ctx, True)  # as the column says, whatever was done to the tables' settings
             elif secure:
@@ -180,10 +181,6 @@ class TenantIndexes:
                 self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
                         " VALUES ('delete', ?, ?, ?, ?, ?)", (pk, topic, content, tag, context))
         return touched
-
-    def _in_place_bound(self, tenant: str) -> int:
-        rows = self._q("SELECT rows FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()[0]
-        return max(IN_PLACE_MIN, rows // IN_PLACE_SHARE)
 
     def replace_context(self, tenant: str, pk: int, topic: str, content: str, tag: str, old: str, new: str) -> None:
         names = self.names(tenant)
