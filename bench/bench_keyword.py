@@ -7,7 +7,8 @@ For each size N (memories of one owner in one SQLite file, WAL, as Shelf.open ma
     mixes of two terms. Each is asked with shelf.search(owner, question, mode="keyword", limit=5) (end to end:
     keywords(), FTS5, building Hit objects) and with the spec 000 search(): keywords(question) then
     `topic LIKE ? OR content LIKE ?` per term, ORDER BY confidence DESC, created_at DESC LIMIT 5, on the memories
-    table of the same file through the standard sqlite3 module. The two are interleaved query by query. Then the
+    table of the same file through the sqlite3 module memshelf runs on (MEMSHELF_SQLITE's choice: two SQLite
+    libraries in one process must not open one file). The two are interleaved query by query. Then the
     same questions with every match ranked (memshelf before it bounded the matches it ranks, SQLiteStore.RANKED),
     each after its LIKE query, as often: their time, and how many return the same five memories as the shipped
     search.
@@ -19,7 +20,6 @@ For each size N (memories of one owner in one SQLite file, WAL, as Shelf.open ma
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 import time
 from collections import defaultdict
@@ -34,6 +34,7 @@ from _common import (TextGenerator, database_dir, fmt_ms, machine, make_vocabula
 
 from memshelf import Owner, Shelf, keywords  # noqa: E402
 from memshelf.stores import sqlite as sqlite_store  # noqa: E402
+from memshelf.stores.sqlite import sqlite3  # noqa: E402  (the store's own SQLite, for the LIKE query too)
 
 OWNER = Owner("bench", "one-user")
 LIMIT = 5
@@ -116,7 +117,7 @@ def run_size(n: int, args: argparse.Namespace, db_dir: Path) -> dict[str, Any]:
         single_times.append(time.perf_counter() - t1)
     single_s = sum(single_times)
 
-    conn = sqlite3.connect(path)  # the spec's connection: plain sqlite3, default settings
+    conn = sqlite3.connect(path)  # the spec's connection: a plain one, default settings
     assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == n
 
     questions = build_questions(gen, args.queries)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sqlite3
+from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 import subprocess
 import sys
 import time

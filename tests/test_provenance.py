@@ -238,7 +238,7 @@ def _old_digest(topic: str, content: str) -> str:
 def _sql(backend: str, target: str, statements: list[tuple[str, tuple]]) -> None:
     """Run SQL on the database directly, as a user of an older memshelf would have left it."""
     if backend == "sqlite":
-        import sqlite3
+        from memshelf.stores.sqlite import sqlite3
 
         with sqlite3.connect(target) as conn:
             for statement, params in statements:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
-import sqlite3
+from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 from pathlib import Path
 
 import pytest
@@ -163,8 +163,6 @@ def test_keyword_scores_do_not_depend_on_other_tenants(tmp_path):
 
 
 def test_erasing_a_tenant_drops_its_full_text_tables(tmp_path):
-    import sqlite3
-
     db = tmp_path / "memory.db"
     shelf = Shelf.open(db, embedder=None)
     shelf.remember(Owner("gone", "u"), "t", "Erase me entirely.")

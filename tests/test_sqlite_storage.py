@@ -5,8 +5,9 @@ what happened (busy: retry; bad data: fix it; anything else: what SQLite said)."
 from __future__ import annotations
 
 import json
-import sqlite3
+from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 import time
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
 import httpx
@@ -518,16 +519,67 @@ def keyword_answers(shelf: Shelf, question: str, limit: int = 5) -> list[str]:
     return [hit.memory.content for hit in shelf.search(KALEB, question, mode="keyword", limit=limit)]
 
 
-def test_a_word_in_more_memories_than_are_ranked_ranks_the_newest(garden, monkeypatch):
+def test_a_word_in_more_memories_than_are_ranked_ranks_its_newest_matches(garden, monkeypatch):
     every = keyword_answers(garden, "garden", limit=40)
     assert len(every) == 40 and every[0] == "The garden garden garden has tulips by the gate."  # best bm25
     assert "The gardenias bloom in May." in every  # a prefix match, while the word is not common
+    assert every[-1] == "Note 36: the garden needs water today."  # the spec's order first: the guess last
     monkeypatch.setattr(sqlite_store, "RANKED", 10)
-    newest = keyword_answers(garden, "garden", limit=40)
-    assert newest[0] == "The garden shed is locked."  # only the newest ten are ranked
-    assert len(newest) == 9 and "The garden garden garden has tulips by the gate." not in newest  # what it gives up
-    assert "The gardenias bloom in May." not in newest  # a common word matches its own word, not every word it begins
-    assert newest[-1] == "Note 36: the garden needs water today."  # the spec's order first: the guess last
+    newest = keyword_answers(garden, "garden")
+    assert newest == ["The garden shed is locked."] + [f"Note {n}: the garden needs water today." for n in
+                                                        (35, 34, 33, 32)]  # only the newest ten matches are ranked
+    assert keyword_answers(garden, "garden", limit=40) == every  # a limit above the bound raises it
+    # The newest ten matches hold the guess: as a tenth hit it would stand where an older statement belongs, so
+    # every match is ranked and the ten are statements, the best first.
+    assert keyword_answers(garden, "garden", limit=10) == every[:10]
+    assert "The gardenias bloom in May." not in keyword_answers(garden, "garden", limit=8)  # a common word matches
+    # its own word, not every word it begins
+
+
+def test_a_common_word_finds_old_memories_under_newer_ones_without_it(tmp_path, monkeypatch):
+    """The bound ranks a common word's newest matches, not the owner's newest memories: those may not hold it."""
+    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    shelf = Shelf.open(tmp_path / "old.db", embedder=None)
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water today."}
+                                for n in range(30)])
+    shelf.remember_many(KALEB, [{"topic": "work", "content": f"Ticket {n}: the printer jams again."}
+                                for n in range(20)])
+    found = keyword_answers(shelf, "garden")
+    assert found == [f"Note {n}: the garden needs water today." for n in (29, 28, 27, 26, 25)]
+    monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)
+    assert keyword_answers(shelf, "garden") == found  # what ranking every match gives
+    shelf.close()
+
+
+def test_an_old_statement_outranks_newer_guesses_of_a_common_word(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    shelf = Shelf.open(tmp_path / "said.db", embedder=None)
+    shelf.remember(KALEB, "home", "The garden gate sticks in winter.")
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Guess {n}: the garden may need water.",
+                                 "source": "inferred"} for n in range(30)])
+    assert keyword_answers(shelf, "garden", limit=3)[0] == "The garden gate sticks in winter."
+    shelf.close()
+
+
+def test_a_common_word_in_a_shared_tenant_finds_the_owners_memories(tmp_path, monkeypatch):
+    """When the owner holds a large share of the tenant, a common word's newest matches are the tenant's, and may
+    all be another user's; and the newest may have expired. Either way the owner's current ones are found."""
+    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    today = [datetime(2026, 5, 1, tzinfo=UTC)]
+    shelf = Shelf.open(tmp_path / "shared.db", embedder=None, clock=lambda: today[0])
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water today."}
+                                for n in range(30)])
+    shelf.remember_many(MAYA, [{"topic": "home", "content": f"Maya's note {n}: the garden needs seeds."}
+                               for n in range(20)])
+    assert keyword_answers(shelf, "garden") == [f"Note {n}: the garden needs water today." for n in
+                                                (29, 28, 27, 26, 25)]
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Soon gone {n}: the garden hose is out.",
+                                 "ttl": 60} for n in range(15)])
+    assert sum("hose" in found for found in keyword_answers(shelf, "garden", limit=50)) == 15
+    today[0] += timedelta(minutes=2)
+    assert keyword_answers(shelf, "garden") == [f"Note {n}: the garden needs water today." for n in
+                                                (29, 28, 27, 26, 25)]
+    shelf.close()
 
 
 def test_a_rarer_word_beside_a_common_one_is_found_however_old(garden, monkeypatch):

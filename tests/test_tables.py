@@ -5,7 +5,7 @@ tables), and on PostgreSQL every one is walled by row-level security, as a table
 from __future__ import annotations
 
 import contextlib
-import sqlite3
+from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 from typing import Any
 
 import pytest

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
+from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 import shutil
 import subprocess
 import sys

@@ -14,6 +14,8 @@ from .errors import ConfigError, InvalidInput, UnknownSource
 
 # Provenance decides confidence; callers never pass a float (spec 000).
 BUILTIN_SOURCES: Mapping[str, float] = {"stated": 1.0, "mined": 0.6, "inferred": 0.4}
+MAX_CONFIDENCE = 1.0
+"""The most any source can be worth: no memory is more confident than what the user said."""
 
 MAX_CONTENT_CHARS = 16_000
 """Longest memory or message text accepted. Split longer documents into statements before remembering them."""
@@ -101,7 +103,8 @@ class Sources(Mapping[str, float]):
         table = dict(BUILTIN_SOURCES)
         for name, worth in (extra or {}).items():
             _check_identifier("source name", name, 64)
-            if isinstance(worth, bool) or not isinstance(worth, (int, float)) or not (0.0 < float(worth) <= 1.0):
+            if isinstance(worth, bool) or not isinstance(worth, (int, float)) \
+                    or not 0.0 < float(worth) <= MAX_CONFIDENCE:
                 raise InvalidInput(f"source {name!r} must be worth a number in (0, 1], got {worth!r}")
             table[name] = float(worth)
         self._table = table

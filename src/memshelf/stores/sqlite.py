@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..keywords import is_prefix
-from ..model import Memory, NewMemory, Owner
+from ..model import MAX_CONFIDENCE, Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, normalize, top_k
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
@@ -124,7 +124,11 @@ token only costs time: bm25 walks its whole doclist, which is most of the file."
 
 
 RANKED = 500
-"""A keyword query whose terms match more rows than this ranks only some of them (SQLiteStore._ranked_only)."""
+"""A keyword query whose terms match more rows than this (or than its limit) ranks only some of them
+(SQLiteStore._ranked_only)."""
+
+_CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
+"""Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
 
 
 REFRESH_LOCKS = 16
@@ -674,62 +678,72 @@ class SQLiteStore(SQLRecords):
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
             "rank, m.created_at DESC, m.pk DESC"
         narrow = mine < OWNER_TOKEN_SHARE * tenant
-        ranked, among, query = self._ranked_only(table, terms, owner, narrow, with_context=not by_confidence,
-                                                 rows=mine if narrow else tenant)
+        scope = owner if narrow else None
+        bounded = self._ranked_only(table, terms, scope, with_context=not by_confidence,
+                                    rows=mine if narrow else tenant, limit=limit)
+        exact = "", (), fts_query(terms, scope, with_context=not by_confidence)
         seen, at = view_condition(view, ts)
-        rows = self._q(
-            f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
-            f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
-            f" WHERE {table} MATCH ?{ranked} AND m.tenant = ? AND m.user_id = ?"
-            f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
-            f" ORDER BY {order} LIMIT ?",
-            (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
+
+        def ranked(only: tuple[str, tuple, str]) -> list:
+            condition, among, query = only
+            return self._q(
+                f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
+                f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
+                f" WHERE {table} MATCH ?{condition} AND m.tenant = ? AND m.user_id = ?"
+                f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
+                f" ORDER BY {order} LIMIT ?",
+                (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
+
+        rows = ranked(bounded or exact)
+        if bounded and (len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE):
+            # What the bound ranked may not hold the answer: too few of its rows are this owner's current ones, or
+            # an older match outside it may be more confident than the last hit. Rank every match, as unbounded.
+            rows = ranked(exact)
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, with_context: bool,
-                     rows: int) -> tuple[str, tuple, str]:
-        """Which matches a keyword query ranks: all of them, unless a term matches more than RANKED rows. FTS5 scores
-        every row it ranks, so a word found in a fifth of 100,000 memories cost 30-100 ms (BENCHMARKS.md, "Keyword
-        search on common words"). Then only the matches among the owner's RANKED newest memories and every match
-        of the rarer terms are ranked, and a common term matches its own word (as stemmed), not every word it
-        begins: FTS5 merges a prefix's every entry before it can skip any.
+    def _ranked_only(self, table: str, terms: Sequence[str], scope: Owner | None, with_context: bool, rows: int,
+                     limit: int) -> tuple[str, tuple, str] | None:
+        """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
+        than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
+        cost 30-100 ms (BENCHMARKS.md, "Keyword search on common words"). Then only each common term's newest
+        matches (that many, by when they were stored) and every match of the rarer terms are ranked, and a common
+        term matches its own word (as stemmed), not every word it begins: FTS5 merges a prefix's every entry
+        before it can skip any. keyword_search checks what this ranked and ranks every match when it falls short.
 
-        Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax. `rows`:
-        how many rows the query can match at most (the owner's with `narrow`, else the tenant's)."""
-        scope = owner if narrow else None
-        if rows <= RANKED:  # no term can be common: no need to look
-            return "", (), fts_query(terms, scope, with_context=with_context)
-        # Each term's own word, up to RANKED + 1 matches (no ranking, no join). A term found more often is common;
-        # when none is, every match is ranked, as a prefix where the term is one.
-        found = {term: self._matches(table, fts_query([term], scope, with_context=False, whole=True)) for term in terms}
-        common = [term for term in terms if len(found[term]) > RANKED]
+        Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax. `scope`:
+        the owner whose index token the query starts from, if any; `rows`: how many rows the query can match at
+        most (the owner's with a scope, else the tenant's)."""
+        bound = max(RANKED, limit)
+        if rows <= bound:  # no term can be common: no need to look
+            return None
+        # Each term's own word, its newest bound + 1 matches (no ranking, no join). A term found more often is
+        # common; when none is, every match is ranked, as a prefix where the term is one.
+        found = {term: self._matches(table, fts_query([term], scope, with_context=False, whole=True), bound)
+                 for term in terms}
+        common = [term for term in terms if len(found[term]) > bound]
         if not common:
-            return "", (), fts_query(terms, scope, with_context=with_context)
-        rarer: list[int] = []
+            return None
+        picked: set[int] = set()
         for term in terms:
-            if term in common:
-                continue
-            begun = self._matches(table, fts_query([term], scope, with_context=False)) if is_prefix(term) else \
-                found[term]
-            if len(begun) > RANKED:  # its own word is rare, the words it begins are not
-                common.append(term)
-            else:
-                rarer.extend(begun)
+            begun = found[term]
+            if term not in common and is_prefix(term):
+                begun = self._matches(table, fts_query([term], scope, with_context=False), bound)
+                if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's matches
+                    common.append(term)
+                    begun = found[term]
+            picked.update(begun[:bound])
         query = fts_query(terms, scope, with_context=with_context, whole=common)
-        newest = self._q("SELECT pk FROM memories INDEXED BY memories_owner_created WHERE tenant = ? AND user_id = ?"
-                         " ORDER BY created_at DESC LIMIT ?", (owner.tenant, owner.user, RANKED)).fetchall()
-        picked = sorted({row[0] for row in newest}.union(rarer))
-        if not picked:
-            return " AND 0", (), query
+        oldest = min(picked)
         # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
         # which would restart the full-text query for each) keeps the picked ones.
         return (f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
-                (picked[0], json.dumps(picked)), query)
+                (oldest, json.dumps(sorted(picked))), query)
 
-    def _matches(self, table: str, query: str) -> list[int]:
-        return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
-                                          (query, RANKED + 1)).fetchall()]
+    def _matches(self, table: str, query: str, bound: int) -> list[int]:
+        """The newest bound + 1 rows the query matches (the highest keys: the latest stored), newest first."""
+        return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC"
+                                          " LIMIT ?", (query, bound + 1)).fetchall()]
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
