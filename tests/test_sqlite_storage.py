@@ -515,6 +515,12 @@ def garden(tmp_path):
     shelf.close()
 
 
+def bound_ranked(monkeypatch, common: int, newest: int | None = None) -> None:
+    """A term is common above `common` matches, and then its `newest` newest matches are ranked."""
+    monkeypatch.setattr(sqlite_store, "RANKED", common)
+    monkeypatch.setattr(sqlite_store, "NEWEST_RANKED", common if newest is None else newest)
+
+
 def keyword_answers(shelf: Shelf, question: str, limit: int = 5) -> list[str]:
     return [hit.memory.content for hit in shelf.search(KALEB, question, mode="keyword", limit=limit)]
 
@@ -524,11 +530,15 @@ def test_a_word_in_more_memories_than_are_ranked_ranks_its_newest_matches(garden
     assert len(every) == 40 and every[0] == "The garden garden garden has tulips by the gate."  # best bm25
     assert "The gardenias bloom in May." in every  # a prefix match, while the word is not common
     assert every[-1] == "Note 36: the garden needs water today."  # the spec's order first: the guess last
-    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    bound_ranked(monkeypatch, 10)
     newest = keyword_answers(garden, "garden")
     assert newest == ["The garden shed is locked."] + [f"Note {n}: the garden needs water today." for n in
                                                         (35, 34, 33, 32)]  # only the newest ten matches are ranked
     assert keyword_answers(garden, "garden", limit=40) == every  # a limit above the bound raises it
+    bound_ranked(monkeypatch, 10, newest=6)  # common above ten matches, and then its newest six are ranked
+    assert keyword_answers(garden, "garden") == newest
+    assert keyword_answers(garden, "garden", limit=7) == every[:7]  # a seventh would be the guess: all are ranked
+    bound_ranked(monkeypatch, 10)
     # The newest ten matches hold the guess: as a tenth hit it would stand where an older statement belongs, so
     # every match is ranked and the ten are statements, the best first.
     assert keyword_answers(garden, "garden", limit=10) == every[:10]
@@ -538,7 +548,7 @@ def test_a_word_in_more_memories_than_are_ranked_ranks_its_newest_matches(garden
 
 def test_a_common_word_finds_old_memories_under_newer_ones_without_it(tmp_path, monkeypatch):
     """The bound ranks a common word's newest matches, not the owner's newest memories: those may not hold it."""
-    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    bound_ranked(monkeypatch, 10)
     shelf = Shelf.open(tmp_path / "old.db", embedder=None)
     shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water today."}
                                 for n in range(30)])
@@ -552,7 +562,7 @@ def test_a_common_word_finds_old_memories_under_newer_ones_without_it(tmp_path, 
 
 
 def test_an_old_statement_outranks_newer_guesses_of_a_common_word(tmp_path, monkeypatch):
-    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    bound_ranked(monkeypatch, 10)
     shelf = Shelf.open(tmp_path / "said.db", embedder=None)
     shelf.remember(KALEB, "home", "The garden gate sticks in winter.")
     shelf.remember_many(KALEB, [{"topic": "home", "content": f"Guess {n}: the garden may need water.",
@@ -564,7 +574,7 @@ def test_an_old_statement_outranks_newer_guesses_of_a_common_word(tmp_path, monk
 def test_a_common_word_in_a_shared_tenant_finds_the_owners_memories(tmp_path, monkeypatch):
     """When the owner holds a large share of the tenant, a common word's newest matches are the tenant's, and may
     all be another user's; and the newest may have expired. Either way the owner's current ones are found."""
-    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    bound_ranked(monkeypatch, 10)
     today = [datetime(2026, 5, 1, tzinfo=UTC)]
     shelf = Shelf.open(tmp_path / "shared.db", embedder=None, clock=lambda: today[0])
     shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water today."}
@@ -583,7 +593,7 @@ def test_a_common_word_in_a_shared_tenant_finds_the_owners_memories(tmp_path, mo
 
 
 def test_a_rarer_word_beside_a_common_one_is_found_however_old(garden, monkeypatch):
-    monkeypatch.setattr(sqlite_store, "RANKED", 10)
+    bound_ranked(monkeypatch, 10)
     for mode in ("keyword", "hybrid"):
         found = [hit.memory.content for hit in garden.search(KALEB, "garden tulips", mode=mode, limit=3)]
         assert found[0] == "The garden garden garden has tulips by the gate.", mode

@@ -124,8 +124,11 @@ token only costs time: bm25 walks its whole doclist, which is most of the file."
 
 
 RANKED = 500
-"""A keyword query whose terms match more rows than this (or than its limit) ranks only some of them
-(SQLiteStore._ranked_only)."""
+"""A keyword query with a term that matches more rows than this (or than its limit) ranks only some of its matches
+(SQLiteStore._ranked_only): the common term's NEWEST_RANKED newest, and every match of its rarer terms."""
+
+NEWEST_RANKED = 100
+"""How many of a common term's newest matches a keyword query ranks (or its limit, if more)."""
 
 _CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
@@ -707,9 +710,10 @@ class SQLiteStore(SQLRecords):
         """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
         than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
         cost 30-100 ms (BENCHMARKS.md, "Keyword search on common words"). Then only each common term's newest
-        matches (that many, by when they were stored) and every match of the rarer terms are ranked, and a common
-        term matches its own word (as stemmed), not every word it begins: FTS5 merges a prefix's every entry
-        before it can skip any. keyword_search checks what this ranked and ranks every match when it falls short.
+        matches (max(NEWEST_RANKED, limit), by when they were stored) and every match of the rarer terms are
+        ranked, and a common term matches its own word (as stemmed), not every word it begins: FTS5 merges a
+        prefix's every entry before it can skip any. keyword_search checks what this ranked and ranks every match
+        when it falls short.
 
         Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax. `scope`:
         the owner whose index token the query starts from, if any; `rows`: how many rows the query can match at
@@ -724,15 +728,19 @@ class SQLiteStore(SQLRecords):
         common = [term for term in terms if len(found[term]) > bound]
         if not common:
             return None
+        newest = max(NEWEST_RANKED, limit)
         picked: set[int] = set()
         for term in terms:
+            if term in common:  # common as its own word: its newest matches
+                picked.update(found[term][:newest])
+                continue
             begun = found[term]
-            if term not in common and is_prefix(term):
+            if is_prefix(term):
                 begun = self._matches(table, fts_query([term], scope, with_context=False), bound)
-                if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's matches
+                if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's every match
                     common.append(term)
                     begun = found[term]
-            picked.update(begun[:bound])
+            picked.update(begun)
         query = fts_query(terms, scope, with_context=with_context, whole=common)
         oldest = min(picked)
         # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
