@@ -1,0 +1,141 @@
+"""Model-based: whatever happens to an owner's memories, a long-lived Shelf on a SQLite file answers every search as a
+Shelf opened afresh on the same file does, and keyword search keeps its promises on common words.
+
+The long-lived Shelf keeps what makes search fast: the owner's vector matrix, caught up with each change or
+rebuilt; vector files written and mapped; the bound on the matches a common word ranks (set low here, so a handful
+of memories makes a word common). Hypothesis draws sequences of writes, confirmations, expiry changes, supersessions,
+erasures, purges, reopenings and the clock moving on, and after every step checks:
+
+- every search mode, at two limits, gives the same hits and scores on both Shelves;
+- keyword search returns as many hits as ranking every match would, and the same confidences in the same order
+  (what the user said is never pushed out by newer guesses): only which equally confident matches come first may
+  differ, the documented price of the bound."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from datetime import datetime, timedelta, UTC
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from fakes import HashEmbedder
+from memshelf import NotFound, Owner, Shelf
+from memshelf.stores import sqlite as sqlite_store
+
+KALEB = Owner("home", "kaleb")
+MAYA = Owner("home", "maya")
+WORDS = ["garden", "printer", "router", "kitchen"]
+QUESTIONS = ["garden", "printer router", "kitchen gate", "the garden printer"]
+SOURCES = ["stated", "mined", "inferred"]
+
+
+def answers(shelf: Shelf, question: str, mode: str, limit: int) -> list[tuple[str, float, float]]:
+    return [(hit.memory.id, round(hit.score, 6), hit.memory.confidence)
+            for hit in shelf.search(KALEB, question, mode=mode, limit=limit)]
+
+
+class ShelfMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = Path(tempfile.mkdtemp(prefix="memshelf-stateful-"))
+        self.today = datetime(2026, 5, 1, tzinfo=UTC)
+        self.shelf = self.open()
+        self.written: list[str] = []  # Kaleb's memory ids, whatever became of them
+        self.count = 0
+
+    def open(self) -> Shelf:
+        return Shelf.open(self.folder / "memory.db", embedder=HashEmbedder(), clock=lambda: self.today)
+
+    def teardown(self) -> None:
+        self.shelf.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @rule(owner=st.sampled_from([KALEB, KALEB, MAYA]), size=st.integers(1, 12),
+          words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3), source=st.sampled_from(SOURCES),
+          ttl=st.none() | st.integers(1, 90))
+    def remember(self, owner: Owner, size: int, words: list[str], source: str, ttl: int | None) -> None:
+        items = []
+        for n in range(size):
+            self.count += 1
+            text = " ".join(words[(n + i) % len(words)] for i in range(1 + n % 3))
+            items.append({"topic": "home", "content": f"Note {self.count}: the {text} again.", "source": source,
+                          "ttl": None if ttl is None else timedelta(minutes=ttl)})
+        stored = self.shelf.remember_many(owner, items)
+        if owner == KALEB:
+            self.written += [memory.id for memory in stored]
+
+    @precondition(lambda self: self.written)
+    @rule(pick=st.integers(0, 10_000), action=st.sampled_from(["forget", "confirm", "expire", "keep"]))
+    def change(self, pick: int, action: str) -> None:
+        memory_id = self.written[pick % len(self.written)]
+        try:
+            if action == "forget":
+                self.shelf.forget(KALEB, memory_id)
+            elif action == "confirm":
+                self.shelf.confirm(KALEB, memory_id)
+            else:
+                self.shelf.set_expiry(KALEB, memory_id, ttl=timedelta(minutes=5) if action == "expire" else None)
+        except NotFound:  # erased or expired already
+            pass
+        except Exception as exc:  # confirming a superseded memory is refused, and says why
+            assert type(exc).__name__ == "Conflict", exc
+
+    @precondition(lambda self: len(self.written) >= 2)
+    @rule(old=st.integers(0, 10_000), new=st.integers(0, 10_000))
+    def supersede(self, old: int, new: int) -> None:
+        old_id, new_id = self.written[old % len(self.written)], self.written[new % len(self.written)]
+        if old_id != new_id:
+            self.shelf.store.supersede_memory(KALEB, old_id, new_id, self.today)
+
+    @rule(minutes=st.sampled_from([1, 10, 60]))
+    def later(self, minutes: int) -> None:
+        self.today += timedelta(minutes=minutes)
+
+    @rule()
+    def purge(self) -> None:
+        self.shelf.purge_expired()
+
+    @rule()
+    def reopen(self) -> None:
+        self.shelf.close()
+        self.shelf = self.open()
+
+    @invariant()
+    def a_fresh_shelf_answers_the_same(self) -> None:
+        fresh = self.open()
+        try:
+            for question in QUESTIONS:
+                for mode in ("keyword", "semantic", "hybrid"):
+                    for limit in (3, 8):
+                        assert answers(self.shelf, question, mode, limit) == answers(fresh, question, mode, limit), \
+                            (question, mode, limit)
+        finally:
+            fresh.close()
+
+    @invariant()
+    def the_bound_keeps_counts_and_confidences(self) -> None:
+        for question in QUESTIONS:
+            for limit in (3, 8):
+                bounded = answers(self.shelf, question, "keyword", limit)
+                common, newest = sqlite_store.RANKED, sqlite_store.NEWEST_RANKED
+                sqlite_store.RANKED = sqlite_store.NEWEST_RANKED = 10 ** 9
+                try:
+                    every = answers(self.shelf, question, "keyword", limit)
+                finally:
+                    sqlite_store.RANKED, sqlite_store.NEWEST_RANKED = common, newest
+                assert [c for _, _, c in bounded] == [c for _, _, c in every], (question, limit)
+
+
+@pytest.mark.slow
+def test_a_long_lived_shelf_answers_as_a_fresh_one_through_any_changes(monkeypatch):
+    monkeypatch.setattr(sqlite_store, "RANKED", 6)  # a word in more than six memories is common
+    monkeypatch.setattr(sqlite_store, "NEWEST_RANKED", 3)
+    monkeypatch.setattr(sqlite_store, "PATCH_SHARE", 0.5)  # catch up with more changes before rebuilding
+    run_state_machine_as_test(ShelfMachine, settings=settings(
+        max_examples=30, stateful_step_count=25, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
