@@ -673,3 +673,37 @@ def test_a_batch_import_stores_what_importing_one_record_at_a_time_stores(tmp_pa
     for store in (batched, single):
         store.close()
     assert_index_consistent(tmp_path / "batched.db")
+
+
+# ------------------------------------------------------------------ keyword questions without the column filter
+def test_a_question_about_owning_never_matches_the_owners_index_token(tmp_path):
+    """Keyword search on a tenant's words table leaves FTS5's column filter out, unless a term could match the owner's
+    index token ("own" and hex digits, in every row): then every memory would match "own", "owned" or "Ówn"."""
+    shelf = Shelf.open(tmp_path / "own.db", embedder=None)
+    shelf.remember_many(KALEB, [{"topic": "home", "content": text} for text in
+                                ("I own a red bicycle.", "The printer is on floor 2.", "The owl lives in the barn.")])
+    shelf.remember(MAYA, "home", "Maya owns the blue car.")
+    for question in ("what do I own?", "things I owned", "ÓWN"):
+        assert keyword_answers(shelf, question) == ["I own a red bicycle."], question
+    assert keyword_answers(shelf, sqlite_store.owner_tag(KALEB)[:5]) == []  # the start of Kaleb's own token
+    assert keyword_answers(shelf, "owl") == ["The owl lives in the barn."]
+    shelf.close()
+
+
+def test_leaving_the_column_filter_out_changes_no_answer_nor_score(tmp_path, monkeypatch):
+    shelf = Shelf.open(tmp_path / "same.db", embedder=None)
+    words = ["garden", "gate", "printer", "toner", "router", "kitchen", "invoice", "holiday", "tulips", "gardens"]
+    shelf.remember_many(KALEB, [{"topic": words[n % 3], "content": " ".join(words[(n * k) % len(words)]
+                                                                             for k in range(1, 2 + n % 5)) + "."}
+                                for n in range(60)])
+    shelf.remember_many(MAYA, [{"topic": "home", "content": f"Maya's {w} and {w} again."} for w in words])
+    questions = ["garden", "printer toner", "the gate of the garden", "kitchen invoice holiday", "tulip", "rout"]
+
+    def asked() -> list:
+        return [[(h.memory.id, h.score) for h in shelf.search(KALEB, q, mode="keyword", limit=20)] for q in questions]
+
+    without = asked()
+    monkeypatch.setattr(sqlite_store, "_may_match_tag", lambda term: True)  # the filter on every query
+    assert asked() == without
+    assert all(without)
+    shelf.close()

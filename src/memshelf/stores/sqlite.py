@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+import unicodedata
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, UTC
@@ -102,20 +103,33 @@ def owner_tag(owner: Owner) -> str:
 
 
 def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool,
-              whole: bool | Sequence[str] = False) -> str:
+              whole: bool | Sequence[str] = False, words_table: bool = False) -> str:
     """Any of the terms (each quoted, a prefix where keywords.is_prefix says so) in the row's own topic or content;
     with `owner`, also the owner's index token; `with_context` (for memories_context_fts) also ranks by the
     conversation context. `whole`: every term (True) or these terms match their own word only, never as a prefix.
+    `words_table`: the query runs on a tenant's words table (topic, content and the owner's token), where the
+    column filter is left out unless a term could match an owner's token: FTS5 reads every match's positions to
+    apply one, which was a third of a common word's query.
 
     Terms are quoted FTS5 strings: user text is never FTS5 syntax.
     """
     exact = set(terms) if whole is True else set(whole or ())
     any_term = " OR ".join('"' + term.replace('"', '""') + '"' + "*" * (is_prefix(term) and term not in exact)
                            for term in terms)
-    query = f"{{topic content}} : ({any_term})"  # only rows whose own words match are returned
+    if words_table and not with_context and not any(_may_match_tag(term) for term in terms):
+        query = f"({any_term})"
+    else:
+        query = f"{{topic content}} : ({any_term})"  # only rows whose own words match are returned
     if with_context:
         query = f"({query}) AND ({{topic content context}} : ({any_term}))"
     return query if owner is None else f'owner_tag : "{owner_tag(owner)}" AND ({query})'
+
+
+def _may_match_tag(term: str) -> bool:
+    """Whether the term could match an owner's token ("own" and hex digits, owner_tag): the tokenizer folds case and
+    diacritics and the porter stemmer only trims a word's end, so a term must start with "own" to reach one."""
+    folded = "".join(c for c in unicodedata.normalize("NFKD", term) if not unicodedata.combining(c))
+    return folded.casefold().startswith("own")
 
 
 OWNER_TOKEN_SHARE = 0.25
@@ -682,9 +696,8 @@ class SQLiteStore(SQLRecords):
             "rank, m.created_at DESC, m.pk DESC"
         narrow = mine < OWNER_TOKEN_SHARE * tenant
         scope = owner if narrow else None
-        bounded = self._ranked_only(table, terms, scope, with_context=not by_confidence,
-                                    rows=mine if narrow else tenant, limit=limit)
-        exact = "", (), fts_query(terms, scope, with_context=not by_confidence)
+        bounded = self._ranked_only(table, terms, scope, by_confidence, rows=mine if narrow else tenant, limit=limit)
+        exact = "", (), fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence)
         seen, at = view_condition(view, ts)
 
         def ranked(only: tuple[str, tuple, str]) -> list:
@@ -705,7 +718,7 @@ class SQLiteStore(SQLRecords):
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _ranked_only(self, table: str, terms: Sequence[str], scope: Owner | None, with_context: bool, rows: int,
+    def _ranked_only(self, table: str, terms: Sequence[str], scope: Owner | None, words_table: bool, rows: int,
                      limit: int) -> tuple[str, tuple, str] | None:
         """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
         than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
@@ -716,15 +729,16 @@ class SQLiteStore(SQLRecords):
         when it falls short.
 
         Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax. `scope`:
-        the owner whose index token the query starts from, if any; `rows`: how many rows the query can match at
-        most (the owner's with a scope, else the tenant's)."""
+        the owner whose index token the query starts from, if any; `words_table`: the tenant's words table (keyword
+        search), else its context table (the hybrid's candidates, ranked with the conversation context); `rows`:
+        how many rows the query can match at most (the owner's with a scope, else the tenant's)."""
         bound = max(RANKED, limit)
         if rows <= bound:  # no term can be common: no need to look
             return None
         # Each term's own word, its newest bound + 1 matches (no ranking, no join). A term found more often is
         # common; when none is, every match is ranked, as a prefix where the term is one.
-        found = {term: self._matches(table, fts_query([term], scope, with_context=False, whole=True), bound)
-                 for term in terms}
+        found = {term: self._matches(table, fts_query([term], scope, False, whole=True, words_table=words_table),
+                                     bound) for term in terms}
         common = [term for term in terms if len(found[term]) > bound]
         if not common:
             return None
@@ -736,12 +750,12 @@ class SQLiteStore(SQLRecords):
                 continue
             begun = found[term]
             if is_prefix(term):
-                begun = self._matches(table, fts_query([term], scope, with_context=False), bound)
+                begun = self._matches(table, fts_query([term], scope, False, words_table=words_table), bound)
                 if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's every match
                     common.append(term)
                     begun = found[term]
             picked.update(begun)
-        query = fts_query(terms, scope, with_context=with_context, whole=common)
+        query = fts_query(terms, scope, not words_table, whole=common, words_table=words_table)
         oldest = min(picked)
         # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
         # which would restart the full-text query for each) keeps the picked ones.
