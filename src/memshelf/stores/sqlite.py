@@ -735,8 +735,8 @@ class SQLiteStore(SQLRecords):
         bound = max(RANKED, limit)
         if rows <= bound:  # no term can be common: no need to look
             return None
-        # Each term's own word, its newest bound + 1 matches (no ranking, no join). A term found more often is
-        # common; when none is, every match is ranked, as a prefix where the term is one.
+        # Each term's own word, up to bound + 1 matches (no ranking, no join). A term found more often is common;
+        # when none is, every match is ranked, as a prefix where the term is one.
         found = {term: self._matches(table, fts_query([term], scope, False, whole=True, words_table=words_table),
                                      bound) for term in terms}
         common = [term for term in terms if len(found[term]) > bound]
@@ -746,7 +746,8 @@ class SQLiteStore(SQLRecords):
         picked: set[int] = set()
         for term in terms:
             if term in common:  # common as its own word: its newest matches
-                picked.update(found[term][:newest])
+                picked.update(self._matches(table, fts_query([term], scope, False, whole=True, words_table=words_table),
+                                            newest - 1, newest=True))
                 continue
             begun = found[term]
             if is_prefix(term):
@@ -762,10 +763,12 @@ class SQLiteStore(SQLRecords):
         return (f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
                 (oldest, json.dumps(sorted(picked))), query)
 
-    def _matches(self, table: str, query: str, bound: int) -> list[int]:
-        """The newest bound + 1 rows the query matches (the highest keys: the latest stored), newest first."""
-        return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC"
-                                          " LIMIT ?", (query, bound + 1)).fetchall()]
+    def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
+        """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
+        the latest stored). FTS5 walks a long list backwards more slowly, so only a common term's are asked so."""
+        order = " ORDER BY rowid DESC" if newest else ""
+        return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ?{order} LIMIT ?",
+                                          (query, bound + 1)).fetchall()]
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
