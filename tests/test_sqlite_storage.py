@@ -707,3 +707,17 @@ def test_leaving_the_column_filter_out_changes_no_answer_nor_score(tmp_path, mon
     assert asked() == without
     assert all(without)
     shelf.close()
+
+
+def test_a_word_common_in_the_tenant_but_not_the_owners_finds_nothing_quickly(tmp_path, monkeypatch):
+    bound_ranked(monkeypatch, 5)
+    shelf = Shelf.open(tmp_path / "theirs.db", embedder=None)
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water."} for n in range(3)])
+    shelf.remember_many(MAYA, [{"topic": "home", "content": f"Maya's note {n}: the printer jams."} for n in range(7)])
+    calls = []
+    monkeypatch.setattr(shelf.store, "_q", lambda sql, *a, real=shelf.store._q: calls.append(sql) or real(sql, *a))
+    assert keyword_answers(shelf, "printer") == []
+    assert sum("bm25" in sql for sql in calls) == 1  # all of Kaleb's matches (none) were ranked: no second pass
+    calls.clear()
+    assert len(keyword_answers(shelf, "garden printer")) == 3 and sum("bm25" in sql for sql in calls) == 1
+    shelf.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import overload
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -219,6 +219,15 @@ class _Checkpointer:
         finally:
             if conn is not None:
                 conn.close()
+
+
+class _Bound(NamedTuple):
+    """Which matches a keyword query ranks: a condition on the full-text table, its parameters, the query as FTS5
+    syntax, and whether the condition keeps every match of the owner's (then what it ranks is the answer)."""
+    condition: str
+    params: tuple
+    query: str
+    complete: bool
 
 
 @dataclass
@@ -696,12 +705,14 @@ class SQLiteStore(SQLRecords):
             "rank, m.created_at DESC, m.pk DESC"
         narrow = mine < OWNER_TOKEN_SHARE * tenant
         scope = owner if narrow else None
-        bounded = self._ranked_only(table, terms, scope, by_confidence, rows=mine if narrow else tenant, limit=limit)
-        exact = "", (), fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence)
+        bounded = self._ranked_only(table, terms, owner, narrow, by_confidence, rows=mine if narrow else tenant,
+                                    limit=limit)
+        exact = _Bound("", (), fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence),
+                       complete=True)
         seen, at = view_condition(view, ts)
 
-        def ranked(only: tuple[str, tuple, str]) -> list:
-            condition, among, query = only
+        def ranked(only: _Bound) -> list:
+            condition, among, query, _ = only
             return self._q(
                 f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
                 f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
@@ -711,27 +722,28 @@ class SQLiteStore(SQLRecords):
                 (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
 
         rows = ranked(bounded or exact)
-        if bounded and (len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE):
-            # What the bound ranked may not hold the answer: too few of its rows are this owner's current ones, or
-            # an older match outside it may be more confident than the last hit. Rank every match, as unbounded.
+        if bounded and not bounded.complete and (
+                len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE):
+            # What the bound ranked may not hold the answer: too few of its rows are current, or an older match
+            # outside it may be more confident than the last hit. Rank every match, as unbounded.
             rows = ranked(exact)
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _ranked_only(self, table: str, terms: Sequence[str], scope: Owner | None, words_table: bool, rows: int,
-                     limit: int) -> tuple[str, tuple, str] | None:
+    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, words_table: bool,
+                     rows: int, limit: int) -> _Bound | None:
         """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
         than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
         cost 30-100 ms (BENCHMARKS.md, "Keyword search on common words"). Then only each common term's newest
-        matches (max(NEWEST_RANKED, limit), by when they were stored) and every match of the rarer terms are
-        ranked, and a common term matches its own word (as stemmed), not every word it begins: FTS5 merges a
+        matches of this owner's (max(NEWEST_RANKED, limit), by when they were stored) and every match of the rarer
+        terms are ranked, and a common term matches its own word (as stemmed), not every word it begins: FTS5 merges a
         prefix's every entry before it can skip any. keyword_search checks what this ranked and ranks every match
         when it falls short.
 
-        Returns a condition on the full-text table, its parameters, and the query's terms as FTS5 syntax. `scope`:
-        the owner whose index token the query starts from, if any; `words_table`: the tenant's words table (keyword
+        `narrow`: queries start from the owner's index token; `words_table`: the tenant's words table (keyword
         search), else its context table (the hybrid's candidates, ranked with the conversation context); `rows`:
-        how many rows the query can match at most (the owner's with a scope, else the tenant's)."""
+        how many rows the query can match at most (the owner's when narrow, else the tenant's)."""
+        scope = owner if narrow else None
         bound = max(RANKED, limit)
         if rows <= bound:  # no term can be common: no need to look
             return None
@@ -744,10 +756,13 @@ class SQLiteStore(SQLRecords):
             return None
         newest = max(NEWEST_RANKED, limit)
         picked: set[int] = set()
+        complete = True  # every one of the owner's matches is picked
         for term in terms:
-            if term in common:  # common as its own word: its newest matches
-                picked.update(self._matches(table, fts_query([term], scope, False, whole=True, words_table=words_table),
-                                            newest - 1, newest=True))
+            if term in common:  # common as its own word: the owner's newest matches of it
+                latest = self._matches(table, fts_query([term], owner, False, whole=True, words_table=words_table),
+                                       newest, newest=True)
+                complete = complete and len(latest) <= newest
+                picked.update(latest[:newest])
                 continue
             begun = found[term]
             if is_prefix(term):
@@ -757,11 +772,13 @@ class SQLiteStore(SQLRecords):
                     begun = found[term]
             picked.update(begun)
         query = fts_query(terms, scope, not words_table, whole=common, words_table=words_table)
+        if not picked:  # the owner has no match of any term (others in the tenant have)
+            return _Bound(" AND 0", (), query, complete)
         oldest = min(picked)
         # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
         # which would restart the full-text query for each) keeps the picked ones.
-        return (f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
-                (oldest, json.dumps(sorted(picked))), query)
+        return _Bound(f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
+                      (oldest, json.dumps(sorted(picked))), query, complete)
 
     def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
         """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
