@@ -706,7 +706,7 @@ class SQLiteStore(SQLRecords):
         narrow = mine < OWNER_TOKEN_SHARE * tenant
         scope = owner if narrow else None
         bounded = self._ranked_only(table, terms, owner, narrow, by_confidence, rows=mine if narrow else tenant,
-                                    limit=limit)
+                                    limit=limit, sole=mine >= tenant)
         exact = _Bound("", (), fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence),
                        complete=True)
         seen, at = view_condition(view, ts)
@@ -731,7 +731,7 @@ class SQLiteStore(SQLRecords):
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
     def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, words_table: bool,
-                     rows: int, limit: int) -> _Bound | None:
+                     rows: int, limit: int, sole: bool) -> _Bound | None:
         """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
         than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
         cost 30-100 ms (BENCHMARKS.md, "Keyword search on common words"). Then only each common term's newest
@@ -742,7 +742,8 @@ class SQLiteStore(SQLRecords):
 
         `narrow`: queries start from the owner's index token; `words_table`: the tenant's words table (keyword
         search), else its context table (the hybrid's candidates, ranked with the conversation context); `rows`:
-        how many rows the query can match at most (the owner's when narrow, else the tenant's)."""
+        how many rows the query can match at most (the owner's when narrow, else the tenant's); `sole`: the owner
+        holds every row of the tenant's (then any match is the owner's, and the owner's token need not be asked)."""
         scope = owner if narrow else None
         bound = max(RANKED, limit)
         if rows <= bound:  # no term can be common: no need to look
@@ -759,7 +760,8 @@ class SQLiteStore(SQLRecords):
         complete = True  # every one of the owner's matches is picked
         for term in terms:
             if term in common:  # common as its own word: the owner's newest matches of it
-                latest = self._matches(table, fts_query([term], owner, False, whole=True, words_table=words_table),
+                mine = None if sole else owner
+                latest = self._matches(table, fts_query([term], mine, False, whole=True, words_table=words_table),
                                        newest, newest=True)
                 complete = complete and len(latest) <= newest
                 picked.update(latest[:newest])
