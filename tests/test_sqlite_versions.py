@@ -271,3 +271,19 @@ def test_the_sqlite_suites_pass_on_a_newer_sqlite():
         env={**os.environ, "MEMSHELF_TEST_SQLITE": "pysqlite3", "PYTHONPATH": os.pathsep.join(sys.path)})
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+def test_the_store_names_the_sqlite_module_it_runs_on(tmp_path):
+    """README, "Erasure": code that reads a store's file in the store's process must use the store's module, since
+    two SQLite libraries in one process reset each other's WAL index. It is public as memshelf.stores.sqlite.sqlite3,
+    and a connection from it reads what the open Shelf wrote, while the Shelf goes on writing."""
+    from memshelf.stores.sqlite import sqlite3 as store_sqlite3
+
+    assert store_sqlite3 is _sqlite_lib.sqlite3
+    with Shelf.open(tmp_path / "memory.db", embedder=None) as shelf:
+        shelf.remember_many(KALEB, [{"topic": "t", "content": f"note {n} about the printer"} for n in range(2000)])
+        with store_sqlite3.connect(tmp_path / "memory.db") as conn:
+            assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 2000
+        conn.close()
+        shelf.remember_many(KALEB, [{"topic": "t", "content": f"later note {n}"} for n in range(2000)])
+        assert len(shelf.search(KALEB, "printer", mode="keyword", limit=500)) == 500

@@ -27,7 +27,7 @@ from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
 from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
-from ._sqlite_lib import sqlite3
+from ._sqlite_lib import sqlite3 as sqlite3  # public: code reading a store's file in its process must use it
 from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
 from . import _sqlite_vector_files
 
