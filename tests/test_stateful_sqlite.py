@@ -2,11 +2,13 @@
 Shelf opened afresh on the same file does, and keyword search keeps its promises on common words.
 
 The long-lived Shelf keeps what makes search fast: the owner's vector matrix, caught up with each change or
-rebuilt; vector files written and mapped; the bound on the matches a common word ranks (set low here, so a handful
-of memories makes a word common). Hypothesis draws sequences of writes, confirmations, expiry changes, supersessions,
+rebuilt, with its int8 copy scanned first; vector files written and mapped; the bound on the matches a common word
+ranks. Each is switched on from a handful of rows here (in use they start at thousands), so a few memories reach
+them. Hypothesis draws sequences of writes, confirmations, expiry changes, supersessions,
 erasures, purges, reopenings and the clock moving on, and after every step checks:
 
 - every search mode, at two limits, gives the same hits and scores on both Shelves;
+- search by meaning gives what an exact float32 scan of the current memories' stored vectors gives;
 - keyword search returns as many hits as ranking every match would, and the same confidences in the same order
   (what the user said is never pushed out by newer guesses): only which equally confident matches come first may
   differ, the documented price of the bound."""
@@ -18,14 +20,16 @@ import tempfile
 from datetime import datetime, timedelta, UTC
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from fakes import HashEmbedder
-from memshelf import NotFound, Owner, Shelf
-from memshelf.stores import sqlite as sqlite_store
+from memshelf import NotFound, Owner, Shelf, _vectors
+from memshelf.shelf import DEFAULT_FLOOR
+from memshelf.stores import _sqlite_vector_files as vector_files, sqlite as sqlite_store
 
 KALEB = Owner("home", "kaleb")
 MAYA = Owner("home", "maya")
@@ -118,6 +122,20 @@ class ShelfMachine(RuleBasedStateMachine):
             fresh.close()
 
     @invariant()
+    def search_by_meaning_is_the_exact_scan(self) -> None:
+        current = [(memory, np.frombuffer(blob, dtype=np.float32))
+                   for memory, blob in self.shelf.store.iter_memories(KALEB, self.today)
+                   if blob is not None and memory.superseded_at is None]
+        for question in QUESTIONS:
+            q = _vectors.normalize(HashEmbedder().embed_batch([question]))[0]
+            scored = [(float(np.dot(_vectors.normalize(vector[None, :])[0], q)), memory.confidence, n, memory.id)
+                      for n, (memory, vector) in enumerate(current)]
+            best = sorted((s for s in scored if s[0] >= DEFAULT_FLOOR), key=lambda s: (-s[0], -s[1], -s[2]))[:8]
+            found = self.shelf.search(KALEB, question, mode="semantic", limit=8)
+            assert [hit.memory.id for hit in found] == [memory_id for *_, memory_id in best], question
+            assert [hit.score for hit in found] == pytest.approx([score for score, *_ in best], abs=1e-5)
+
+    @invariant()
     def the_bound_keeps_counts_and_confidences(self) -> None:
         for question in QUESTIONS:
             for limit in (3, 8):
@@ -136,6 +154,8 @@ def test_a_long_lived_shelf_answers_as_a_fresh_one_through_any_changes(monkeypat
     monkeypatch.setattr(sqlite_store, "RANKED", 6)  # a word in more than six memories is common
     monkeypatch.setattr(sqlite_store, "NEWEST_RANKED", 3)
     monkeypatch.setattr(sqlite_store, "PATCH_SHARE", 0.5)  # catch up with more changes before rebuilding
+    monkeypatch.setattr(_vectors, "COMPACT_ROWS", 4)  # an int8 copy, scanned first, from four vectors
+    monkeypatch.setattr(vector_files, "SAVED_ROWS", 4)  # a vector file, written and then mapped, from four
     run_state_machine_as_test(ShelfMachine, settings=settings(
         max_examples=30, stateful_step_count=25, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
