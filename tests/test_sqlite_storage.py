@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
+import threading
 import time
 from datetime import datetime, timedelta, UTC
 from pathlib import Path
@@ -721,3 +722,23 @@ def test_a_word_common_in_the_tenant_but_not_the_owners_finds_nothing_quickly(tm
     calls.clear()
     assert len(keyword_answers(shelf, "garden printer")) == 3 and sum("bm25" in sql for sql in calls) == 1
     shelf.close()
+
+
+def test_closing_the_store_never_loses_the_checkpointers_wake_up(tmp_path):
+    """close() sets stop, then wake, then waits for the checkpoint thread. When it came just after the thread's pause
+    ran out and before the thread cleared its wake-up, the thread cleared close()'s wake-up too and waited for
+    another that never came: Shelf.close() hung for good (found by tests/test_stateful_sqlite.py)."""
+    Shelf.open(tmp_path / "memory.db", embedder=None).close()
+    checkpointer = sqlite_store._Checkpointer(f"{(tmp_path / 'memory.db').as_uri()}?mode=rw")
+
+    class CloseComesFirst(threading.Event):
+        def clear(self) -> None:  # close()'s two steps, just before the thread clears its wake-up
+            checkpointer._stop.set()
+            super().set()
+            super().clear()
+
+    waiting_on = checkpointer._wake
+    checkpointer._wake = CloseComesFirst()  # what the thread clears, and then waits on
+    waiting_on.set()  # a commit's wake-up
+    checkpointer._thread.join(timeout=5)
+    assert not checkpointer._thread.is_alive()

@@ -209,6 +209,8 @@ class _Checkpointer:
         try:
             while self._wake.wait() and not self._stop.wait(CHECKPOINT_PAUSE_S):  # a burst's commits pile up first
                 self._wake.clear()
+                if self._stop.is_set():  # close() came after the pause and before the clear: its wake-up is gone
+                    break
                 with self.lock:
                     try:
                         conn = conn or sqlite3.connect(self._uri, uri=True, isolation_level=None,
