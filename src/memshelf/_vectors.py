@@ -408,11 +408,12 @@ def _approximate(compact: tuple[np.ndarray, np.ndarray], slack: float, q: np.nda
     rows, scales = compact
     q8 = np.empty((1, q.shape[0]), np.int8)
     q_scales, q_error = _quantized(q[None, :], q8)
-    dots = np.empty((1, rows.shape[0]), np.float32)  # int8 dot products are exact in float32 up to 2^24
     # One thread: simsimd's own threads are OpenMP's, which spin after each scan and stall when a core is busy
     # (the reason the float32 scan splits on memshelf's own threads); and it holds the GIL, so memshelf's threads
-    # cannot split it. At 100k rows one thread scans the int8 copy in about 1.4 ms.
-    _kernel.cdist(q8, rows, metric="dot", out=dots)
+    # cannot split it. At 100k rows one thread scans the int8 copy in about 1.4 ms. Int8 dot products are exact in
+    # float32 up to 2^24. Never `out=`: simsimd 6.5 then returns None without a reference of its own, so every scan
+    # took one from None, and on Python 3.11 the process died once None had none left ("none_dealloc").
+    dots = np.asarray(_kernel.cdist(q8, rows, metric="dot", out_dtype="float32"))
     scores = dots[0] * scales * q_scales[0]
     return scores, slack + q_error * (1 + slack) + ROUNDING
 
