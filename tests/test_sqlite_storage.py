@@ -727,7 +727,7 @@ def test_a_word_common_in_the_tenant_but_not_the_owners_finds_nothing_quickly(tm
 def test_closing_the_store_never_loses_the_checkpointers_wake_up(tmp_path):
     """close() sets stop, then wake, then waits for the checkpoint thread. When it came just after the thread's pause
     ran out and before the thread cleared its wake-up, the thread cleared close()'s wake-up too and waited for
-    another that never came: Shelf.close() hung for good (found by tests/test_stateful_sqlite.py)."""
+    another that never came: Shelf.close() hung for good (found by tests/test_stateful.py)."""
     Shelf.open(tmp_path / "memory.db", embedder=None).close()
     checkpointer = sqlite_store._Checkpointer(f"{(tmp_path / 'memory.db').as_uri()}?mode=rw")
 

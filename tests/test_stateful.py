@@ -1,5 +1,6 @@
 """Model-based: whatever happens to an owner's memories, a long-lived Shelf on a SQLite file answers every search as a
-Shelf opened afresh on the same file does, and keyword search keeps its promises on common words.
+Shelf opened afresh on the same file does, and keyword search keeps its promises on common words; on both backends
+search by meaning is an exact scan of the stored vectors.
 
 The long-lived Shelf keeps what makes search fast: the owner's vector matrix, caught up with each change or
 rebuilt, with its int8 copy scanned first; vector files written and mapped; the bound on the matches a common word
