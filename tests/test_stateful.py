@@ -6,7 +6,7 @@ The long-lived Shelf keeps what makes search fast: the owner's vector matrix, ca
 rebuilt, with its int8 copy scanned first; vector files written and mapped; the bound on the matches a common word
 ranks. Each is switched on from a handful of rows here (in use they start at thousands), so a few memories reach
 them. Hypothesis draws sequences of writes, confirmations, expiry changes, supersessions,
-erasures, purges, reopenings and the clock moving on, and after every step checks:
+erasures, purges, another user's leaving, reopenings and the clock moving on, and after every step checks:
 
 - every search mode, at two limits, gives the same hits and scores on both Shelves;
 - search by meaning gives what an exact float32 scan of the stored vectors gives, for the current memories, with
@@ -124,6 +124,10 @@ class ShelfMachine(RuleBasedStateMachine):
     @rule()
     def purge(self) -> None:
         self.shelf.purge_expired()
+
+    @rule()
+    def maya_leaves(self) -> None:  # Kaleb alone in the tenant again: its statistics and share change
+        self.shelf.forget_user(MAYA)
 
     @rule()
     def reopen(self) -> None:
