@@ -707,7 +707,7 @@ class SQLiteStore(SQLRecords):
             "rank, m.created_at DESC, m.pk DESC"
         narrow = mine < OWNER_TOKEN_SHARE * tenant
         scope = owner if narrow else None
-        bounded = self._ranked_only(table, terms, owner, narrow, by_confidence, rows=mine if narrow else tenant,
+        bounded = self._ranked_only(table, terms, owner, scope, by_confidence, rows=mine if narrow else tenant,
                                     limit=limit, sole=mine >= tenant)
         exact = _Bound("", (), fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence),
                        complete=True)
@@ -732,7 +732,7 @@ class SQLiteStore(SQLRecords):
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, narrow: bool, words_table: bool,
+    def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, scope: Owner | None, words_table: bool,
                      rows: int, limit: int, sole: bool) -> _Bound | None:
         """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
         than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
@@ -742,11 +742,11 @@ class SQLiteStore(SQLRecords):
         prefix's every entry before it can skip any. keyword_search checks what this ranked and ranks every match
         when it falls short.
 
-        `narrow`: queries start from the owner's index token; `words_table`: the tenant's words table (keyword
-        search), else its context table (the hybrid's candidates, ranked with the conversation context); `rows`:
-        how many rows the query can match at most (the owner's when narrow, else the tenant's); `sole`: the owner
-        holds every row of the tenant's (then any match is the owner's, and the owner's token need not be asked)."""
-        scope = owner if narrow else None
+        `scope`: the owner when queries start from the owner's index token, else None; `words_table`: the tenant's
+        words table (keyword search), else its context table (the hybrid's candidates, ranked with the conversation
+        context); `rows`: how many rows the query can match at most (the owner's with a scope, else the tenant's);
+        `sole`: the owner holds every row of the tenant's (then any match is the owner's, and the owner's token need
+        not be asked)."""
         bound = max(RANKED, limit)
         if rows <= bound:  # no term can be common: no need to look
             return None
