@@ -750,11 +750,14 @@ class SQLiteStore(SQLRecords):
         bound = max(RANKED, limit)
         if rows <= bound:  # no term can be common: no need to look
             return None
-        # Each term's own word, up to bound + 1 matches (no ranking, no join). A term found more often is common;
-        # when none is, every match is ranked, as a prefix where the term is one.
-        found = {term: self._matches(table, fts_query([term], scope, False, whole=True, words_table=words_table),
-                                     bound) for term in terms}
-        common = [term for term in terms if len(found[term]) > bound]
+        # How often each term's own word matches, counted up to bound + 1 (no ranking, no join, no rows read into
+        # Python). A term found more often is common; when none is, every match is ranked, as a prefix where the
+        # term is one.
+        def whole(term: str, owner: Owner | None) -> str:
+            return fts_query([term], owner, False, whole=True, words_table=words_table)
+
+        found = {term: self._count(table, whole(term, scope), bound) for term in terms}
+        common = [term for term in terms if found[term] > bound]
         if not common:
             return None
         newest = max(NEWEST_RANKED, limit)
@@ -762,19 +765,19 @@ class SQLiteStore(SQLRecords):
         complete = True  # every one of the owner's matches is picked
         for term in terms:
             if term in common:  # common as its own word: the owner's newest matches of it
-                mine = None if sole else owner
-                latest = self._matches(table, fts_query([term], mine, False, whole=True, words_table=words_table),
-                                       newest, newest=True)
+                latest = self._matches(table, whole(term, None if sole else owner), newest, newest=True)
                 complete = complete and len(latest) <= newest
-                picked.update(latest[:newest])
+                picked.update(sorted(latest, reverse=True)[:newest])
                 continue
-            begun = found[term]
+            begun = None
             if is_prefix(term):
                 begun = self._matches(table, fts_query([term], scope, False, words_table=words_table), bound)
                 if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's every match
                     common.append(term)
-                    begun = found[term]
-            picked.update(begun)
+                    begun = None
+            if begun is None and found[term]:
+                begun = self._matches(table, whole(term, scope), bound)
+            picked.update(begun or ())
         query = fts_query(terms, scope, not words_table, whole=common, words_table=words_table)
         if not picked:  # the owner has no match of any term (others in the tenant have)
             return _Bound(" AND 0", (), query, complete)
@@ -786,10 +789,17 @@ class SQLiteStore(SQLRecords):
 
     def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
         """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
-        the latest stored). FTS5 walks a long list backwards more slowly, so only a common term's are asked so."""
+        the latest stored). FTS5 walks a long list backwards more slowly, so only a common term's are asked so. The
+        keys come as one JSON array: a row per key costs more in Python than the lookup itself."""
         order = " ORDER BY rowid DESC" if newest else ""
-        return [row[0] for row in self._q(f"SELECT rowid FROM {table} WHERE {table} MATCH ?{order} LIMIT ?",
-                                          (query, bound + 1)).fetchall()]
+        keys = self._q(f"SELECT json_group_array(rowid) FROM (SELECT rowid FROM {table} WHERE {table} MATCH ?{order}"
+                       " LIMIT ?)", (query, bound + 1)).fetchone()[0]
+        return json.loads(keys)
+
+    def _count(self, table: str, query: str, bound: int) -> int:
+        """How many rows the query matches, counted up to bound + 1."""
+        return int(self._q(f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ? LIMIT ?)",
+                           (query, bound + 1)).fetchone()[0])
 
     # vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
