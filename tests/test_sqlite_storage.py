@@ -603,6 +603,32 @@ def test_a_rarer_word_beside_a_common_one_is_found_however_old(garden, monkeypat
     assert keyword_answers(garden, "tulips") == ["The garden garden garden has tulips by the gate."]
 
 
+def test_old_matches_of_a_rarer_word_keep_their_scores_beside_a_common_one(tmp_path, monkeypatch):
+    """A rarer word's matches older than the common word's newest are ranked apart (in one statement FTS5 would walk
+    the common word's every match): those that hold the common word too, and those that do not. Each keeps the score
+    ranking every match gives it, so the answer is the same."""
+    shelf = Shelf.open(tmp_path / "tulips.db", embedder=None)
+    shelf.remember_many(KALEB, [{"topic": "home", "content": text} for text in (
+        "The tulips by the gate are red.", "The garden tulips need water.", "Tulips, tulips everywhere.",
+        "Plant the tulips in the garden in autumn.")])
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water today."}
+                                for n in range(30)])
+    statements: list[str] = []
+    original = shelf.store._q
+    monkeypatch.setattr(shelf.store, "_q", lambda sql, params=(): statements.append(sql) or original(sql, params))
+    bound_ranked(monkeypatch, 10)
+    bounded = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, "garden tulips", mode="keyword",
+                                                                      limit=14)]
+    assert sum("bm25(" in sql for sql in statements) == 3  # the newest matches, old ones with "garden", without
+    monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)
+    every = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, "garden tulips", mode="keyword", limit=50)]
+    assert {content for content, _ in every[:4]} == {
+        "The garden tulips need water.", "Plant the tulips in the garden in autumn.", "Tulips, tulips everywhere.",
+        "The tulips by the gate are red."}
+    assert bounded == every[:14]  # the four, then the ten newest notes: same rows, order and scores
+    shelf.close()
+
+
 def test_a_question_under_the_bound_ranks_every_match_as_before(garden, monkeypatch):
     expected = keyword_answers(garden, "garden tulips water", limit=40)
     monkeypatch.setattr(sqlite_store, "RANKED", 40)  # "garden" matches 39 rows: still ranked in full

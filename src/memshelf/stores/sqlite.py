@@ -103,20 +103,25 @@ def owner_tag(owner: Owner) -> str:
 
 
 def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool,
-              whole: bool | Sequence[str] = False, words_table: bool = False) -> str:
+              whole: bool | Sequence[str] = False, words_table: bool = False, also: Sequence[str] = ()) -> str:
     """Any of the terms (each quoted, a prefix where keywords.is_prefix says so) in the row's own topic or content;
     with `owner`, also the owner's index token; `with_context` (for memories_context_fts) also ranks by the
     conversation context. `whole`: every term (True) or these terms match their own word only, never as a prefix.
+    `also`: a row must match one of these terms too (any of `terms` AND any of `also`).
     `words_table`: the query runs on a tenant's words table (topic, content and the owner's token), where the
     column filter is left out unless a term could match an owner's token: FTS5 reads every match's positions to
     apply one, which was a third of a common word's query.
 
     Terms are quoted FTS5 strings: user text is never FTS5 syntax.
     """
-    exact = set(terms) if whole is True else set(whole or ())
-    any_term = " OR ".join('"' + term.replace('"', '""') + '"' + "*" * (is_prefix(term) and term not in exact)
-                           for term in terms)
-    if words_table and not with_context and not any(_may_match_tag(term) for term in terms):
+    exact = set(terms) | set(also) if whole is True else set(whole or ())
+
+    def any_of(these: Sequence[str]) -> str:
+        return " OR ".join('"' + term.replace('"', '""') + '"' + "*" * (is_prefix(term) and term not in exact)
+                           for term in these)
+
+    any_term = f"({any_of(terms)}) AND ({any_of(also)})" if also else any_of(terms)
+    if words_table and not with_context and not any(_may_match_tag(term) for term in (*terms, *also)):
         query = f"({any_term})"
     else:
         query = f"{{topic content}} : ({any_term})"  # only rows whose own words match are returned
@@ -145,6 +150,7 @@ NEWEST_RANKED = 100
 """How many of a common term's newest matches a keyword query ranks (or its limit, if more)."""
 
 _CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
+_CREATED = MEMORY_COLUMNS.split(", ").index("m.created_at")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
 
 
@@ -223,12 +229,18 @@ class _Checkpointer:
                 conn.close()
 
 
-class _Bound(NamedTuple):
-    """Which matches a keyword query ranks: a condition on the full-text table, its parameters, the query as FTS5
-    syntax, and whether the condition keeps every match of the owner's (then what it ranks is the answer)."""
+class _Part(NamedTuple):
+    """One statement of a keyword query: a condition on the full-text table, its parameters, the query as FTS5
+    syntax."""
     condition: str
     params: tuple
     query: str
+
+
+class _Bound(NamedTuple):
+    """Which matches a keyword query ranks: the parts, each ranking rows none of the others does, and whether they
+    keep every match of the owner's (then what they rank is the answer)."""
+    parts: tuple[_Part, ...]
     complete: bool
 
 
@@ -709,19 +721,26 @@ class SQLiteStore(SQLRecords):
         scope = owner if narrow else None
         bounded = self._ranked_only(table, terms, owner, scope, by_confidence, rows=mine if narrow else tenant,
                                     limit=limit, sole=mine >= tenant)
-        exact = _Bound("", (), fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence),
-                       complete=True)
+        exact = _Bound((_Part("", (), fts_query(terms, scope, with_context=not by_confidence,
+                                                words_table=by_confidence)),), complete=True)
         seen, at = view_condition(view, ts)
 
         def ranked(only: _Bound) -> list:
-            condition, among, query, _ = only
-            return self._q(
-                f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank"
-                f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
-                f" WHERE {table} MATCH ?{condition} AND m.tenant = ? AND m.user_id = ?"
-                f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
-                f" ORDER BY {order} LIMIT ?",
-                (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
+            rows = []
+            for condition, among, query in only.parts:
+                rows += self._q(
+                    f"SELECT {MEMORY_COLUMNS}, bm25({table}, {weights}) AS rank, m.pk"
+                    f" FROM {table} CROSS JOIN memories m ON m.pk = {table}.rowid"  # full-text match first, always
+                    f" WHERE {table} MATCH ?{condition} AND m.tenant = ? AND m.user_id = ?"
+                    f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
+                    f" ORDER BY {order} LIMIT ?",
+                    (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
+            if len(only.parts) > 1:  # the parts' best, in the statements' order (a stable sort, last key first)
+                rows.sort(key=lambda r: (r[_CREATED], r[MEMORY_WIDTH + 1]), reverse=True)
+                rows.sort(key=(lambda r: (-r[_CONFIDENCE], r[MEMORY_WIDTH])) if by_confidence else
+                          (lambda r: r[MEMORY_WIDTH]))
+                del rows[limit:]
+            return rows
 
         rows = ranked(bounded or exact)
         if bounded and not bounded.complete and (
@@ -757,35 +776,62 @@ class SQLiteStore(SQLRecords):
             return fts_query([term], owner, False, whole=True, words_table=words_table)
 
         found = {term: self._count(table, whole(term, scope), bound) for term in terms}
-        common = [term for term in terms if found[term] > bound]
-        if not common:
+        windowed = [term for term in terms if found[term] > bound]
+        if not windowed:
             return None
         newest = max(NEWEST_RANKED, limit)
         picked: set[int] = set()
+        rare: set[int] = set()  # the other terms' every match
+        starts = []  # where each common term's newest matches start
         complete = True  # every one of the owner's matches is picked
+        as_words = list(windowed)  # the terms matched as their own word only, never as a prefix
         for term in terms:
-            if term in common:  # common as its own word: the owner's newest matches of it
-                latest = self._matches(table, whole(term, None if sole else owner), newest, newest=True)
+            if term in windowed:  # common as its own word: the owner's newest matches of it
+                latest = sorted(self._matches(table, whole(term, None if sole else owner), newest, newest=True),
+                                reverse=True)
                 complete = complete and len(latest) <= newest
-                picked.update(sorted(latest, reverse=True)[:newest])
+                picked.update(latest[:newest])
+                starts += latest[newest - 1:newest] or latest[-1:]
                 continue
             begun = None
             if is_prefix(term):
                 begun = self._matches(table, fts_query([term], scope, False, words_table=words_table), bound)
                 if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's every match
-                    common.append(term)
+                    as_words.append(term)
                     begun = None
             if begun is None and found[term]:
                 begun = self._matches(table, whole(term, scope), bound)
-            picked.update(begun or ())
-        query = fts_query(terms, scope, not words_table, whole=common, words_table=words_table)
+            rare.update(begun or ())
+        picked |= rare
+
+        def query(these: Sequence[str], also: Sequence[str] = ()) -> str:
+            return fts_query(these, scope, not words_table, whole=as_words, words_table=words_table, also=also)
+
         if not picked:  # the owner has no match of any term (others in the tenant have)
-            return _Bound(" AND 0", (), query, complete)
-        oldest = min(picked)
+            return _Bound((_Part(" AND 0", (), query(terms)),), complete)
+        start = min(starts or picked)
+        old = sorted(key for key in rare if key < start)
+        if not words_table or not old:
+            start = min(picked)
         # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
         # which would restart the full-text query for each) keeps the picked ones.
-        return _Bound(f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
-                      (oldest, json.dumps(sorted(picked))), query, complete)
+        tail = _Part(f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
+                     (start, json.dumps(sorted(key for key in picked if key >= start))), query(terms))
+        if start <= min(picked):
+            return _Bound((tail,), complete)
+        # The rarer terms' matches older than every common term's newest: ranked in the same statement, FTS5 would
+        # walk each common term's every match from the oldest of them (5-10 ms at 100,000 memories). Instead, those
+        # that also hold a common term are ranked by a query that needs both (FTS5 then skips through the common
+        # term's list), and the others by the rarer terms alone: a term a row does not hold adds nothing to its
+        # bm25, so every row keeps its score.
+        others = [term for term in terms if term not in windowed]
+        both = query(others, also=windowed)
+        within = f" AND {table}.rowid >= ? AND {table}.rowid < ?"
+        shared = self._q(f"SELECT json_group_array(rowid) FROM {table} WHERE {table} MATCH ?{within}",
+                         (both, old[0], start)).fetchone()[0]
+        return _Bound((tail, _Part(within, (old[0], start), both),
+                       _Part(f"{within} AND +{table}.rowid NOT IN (SELECT value FROM json_each(?))",
+                             (old[0], start, shared), query(others))), complete)
 
     def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
         """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
