@@ -603,10 +603,11 @@ def test_a_rarer_word_beside_a_common_one_is_found_however_old(garden, monkeypat
     assert keyword_answers(garden, "tulips") == ["The garden garden garden has tulips by the gate."]
 
 
-def test_old_matches_of_a_rarer_word_keep_their_scores_beside_a_common_one(tmp_path, monkeypatch):
-    """A rarer word's matches older than the common word's newest are ranked apart (in one statement FTS5 would walk
-    the common word's every match): those that hold the common word too, and those that do not. Each keeps the score
-    ranking every match gives it, so the answer is the same."""
+@pytest.mark.parametrize("split", [True, False])
+def test_old_matches_of_a_rarer_word_keep_their_scores_beside_a_common_one(tmp_path, monkeypatch, split):
+    """A rarer word's matches older than the common word's newest are ranked apart when that saves walking the
+    common word's list (in one statement FTS5 would walk it from the oldest of them): those that hold the common word
+    too, and those that do not. Each keeps the score ranking every match gives it, so the answer is the same."""
     shelf = Shelf.open(tmp_path / "tulips.db", embedder=None)
     shelf.remember_many(KALEB, [{"topic": "home", "content": text} for text in (
         "The tulips by the gate are red.", "The garden tulips need water.", "Tulips, tulips everywhere.",
@@ -617,15 +618,45 @@ def test_old_matches_of_a_rarer_word_keep_their_scores_beside_a_common_one(tmp_p
     original = shelf.store._q
     monkeypatch.setattr(shelf.store, "_q", lambda sql, params=(): statements.append(sql) or original(sql, params))
     bound_ranked(monkeypatch, 10)
+    monkeypatch.setattr(sqlite_store, "SPLIT_WALK", 0 if split else 10**9)
     bounded = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, "garden tulips", mode="keyword",
                                                                       limit=14)]
-    assert sum("bm25(" in sql for sql in statements) == 3  # the newest matches, old ones with "garden", without
+    # split: the newest matches, old ones with "garden", old ones without
+    assert sum("bm25(" in sql for sql in statements) == (3 if split else 1)
     monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)
     every = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, "garden tulips", mode="keyword", limit=50)]
     assert {content for content, _ in every[:4]} == {
         "The garden tulips need water.", "Plant the tulips in the garden in autumn.", "Tulips, tulips everywhere.",
         "The tulips by the gate are red."}
     assert bounded == every[:14]  # the four, then the ten newest notes: same rows, order and scores
+    shelf.close()
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_common_word_the_owner_holds_rarely_keeps_its_old_matches_beside_a_rarer_one(tmp_path, monkeypatch,
+                                                                                      split):
+    """A word common in the tenant whose every match of the owner's is ranked: its matches older than another common
+    word's newest still count, whether or not the rarer word's older matches are ranked apart."""
+    shelf = Shelf.open(tmp_path / "shared.db", embedder=None)
+    shelf.remember_many(KALEB, [{"topic": "home", "content": text} for text in (
+        "The tulips by the gate are red.", "Plant tulips in autumn.", "Tulips, tulips everywhere.")])
+    shelf.remember_many(KALEB, [{"topic": "home", "content": text} for text in (
+        "The garden gate is green.", "The garden shed is locked.", "The garden hose leaks.")])
+    shelf.remember_many(MAYA, [{"topic": "home", "content": f"Maya's note {n}: the garden needs seeds."}
+                               for n in range(20)])
+    shelf.remember_many(MAYA, [{"topic": "home", "content": f"Maya's note {n}: the attic needs paint."}
+                               for n in range(60)])
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the lawn needs water today."}
+                                for n in range(30)])
+    bound_ranked(monkeypatch, 10)  # "garden" is common in the tenant; the owner has three
+    monkeypatch.setattr(sqlite_store, "SPLIT_WALK", 0 if split else 10**9)
+    question = "garden tulips water"
+    bounded = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, question, mode="keyword", limit=8)]
+    monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)
+    every = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, question, mode="keyword", limit=50)]
+    assert [content for content, _ in every[3:6]] == [
+        "The garden hose leaks.", "The garden shed is locked.", "The garden gate is green."]
+    assert bounded == every[:8]  # three tulips, three gardens, then the two newest notes
     shelf.close()
 
 

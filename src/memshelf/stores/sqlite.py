@@ -137,6 +137,12 @@ def _may_match_tag(term: str) -> bool:
     return folded.casefold().startswith("own")
 
 
+SPLIT_WALK = 2_000
+"""A keyword query whose rarer terms match rows older than its common terms' newest matches ranks those rows in
+statements of their own when one statement would walk about this many of the common terms' older matches: each
+statement counts every common term's matches again (bm25's document frequencies), which costs less than walking
+their list only when it is long (BENCHMARKS.md, "Keyword search: old matches of a rarer word")."""
+
 OWNER_TOKEN_SHARE = 0.25
 """Below this share of the file's memories, a keyword query starts from the owner's index token. Above it the
 token only costs time: bm25 walks its whole doclist, which is most of the file."""
@@ -782,7 +788,8 @@ class SQLiteStore(SQLRecords):
         newest = max(NEWEST_RANKED, limit)
         picked: set[int] = set()
         rare: set[int] = set()  # the other terms' every match
-        starts = []  # where each common term's newest matches start
+        windows = []  # each common term's newest matches, newest first, when it has older ones
+        starts = []  # where each common term's picked matches start
         complete = True  # every one of the owner's matches is picked
         as_words = list(windowed)  # the terms matched as their own word only, never as a prefix
         for term in terms:
@@ -791,7 +798,9 @@ class SQLiteStore(SQLRecords):
                                 reverse=True)
                 complete = complete and len(latest) <= newest
                 picked.update(latest[:newest])
-                starts += latest[newest - 1:newest] or latest[-1:]
+                starts += latest[:newest][-1:]
+                if len(latest) > newest:
+                    windows.append(latest[:newest])
                 continue
             begun = None
             if is_prefix(term):
@@ -809,9 +818,13 @@ class SQLiteStore(SQLRecords):
 
         if not picked:  # the owner has no match of any term (others in the tenant have)
             return _Bound((_Part(" AND 0", (), query(terms)),), complete)
-        start = min(starts or picked)
-        old = sorted(key for key in rare if key < start)
-        if not words_table or not old:
+        start = min(starts, default=min(picked))
+        old = [key for key in rare if key < start]
+        # How many of the common terms' older matches one query would walk from the oldest rare match, estimated
+        # from how closely their newest matches lie.
+        density = sum(len(window) / (window[0] - window[-1] + 1) for window in windows)
+        walked = density * (start - min(old, default=start))
+        if not words_table or walked < SPLIT_WALK:
             start = min(picked)
         # The range lets FTS5 skip the older rows; the list (unary +: checked row by row, never a lookup per item,
         # which would restart the full-text query for each) keeps the picked ones.
@@ -827,11 +840,12 @@ class SQLiteStore(SQLRecords):
         others = [term for term in terms if term not in windowed]
         both = query(others, also=windowed)
         within = f" AND {table}.rowid >= ? AND {table}.rowid < ?"
+        oldest = min(old)
         shared = self._q(f"SELECT json_group_array(rowid) FROM {table} WHERE {table} MATCH ?{within}",
-                         (both, old[0], start)).fetchone()[0]
-        return _Bound((tail, _Part(within, (old[0], start), both),
+                         (both, oldest, start)).fetchone()[0]
+        return _Bound((tail, _Part(within, (oldest, start), both),
                        _Part(f"{within} AND +{table}.rowid NOT IN (SELECT value FROM json_each(?))",
-                             (old[0], start, shared), query(others))), complete)
+                             (oldest, start, shared), query(others))), complete)
 
     def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
         """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
