@@ -521,3 +521,29 @@ def test_list_filters_confirm_and_expire(tmp_path):
     assert bad.returncode != 0 and "give --ttl SECONDS or --never" in bad.stderr
     unknown = run(tmp_path, "confirm", "m_0000000000000000")
     assert unknown.returncode == 1 and "memshelf list" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_search_on_a_large_shelf_finds_common_and_rare_words_as_ranking_every_match(tmp_path, monkeypatch):
+    """A shelf grown past the keyword bound (a word in thousands of memories, SQLite): the command finds the newest
+    matches of a common word, an old memory by its rarer word beside the common one, and a word found only in older
+    memories than the newest thousand, exactly as ranking every match does."""
+    from memshelf import Owner, Shelf
+    from memshelf.stores import sqlite as sqlite_store
+
+    kaleb = Owner("home", "kaleb")
+    shelf = Shelf.open(tmp_path / "memory.db", embedder=None)
+    shelf.remember(kaleb, "work", "The toner is in the supply closet, beside the printer.")
+    shelf.remember_many(kaleb, [{"topic": "work", "content": f"Ticket {n}: the printer jams again."}
+                                for n in range(2_500)])
+    shelf.remember_many(kaleb, [{"topic": "home", "content": f"Note {n}: the garden needs water."}
+                                for n in range(1_200)])
+    monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)  # in this process: rank every match
+    expected = {question: [hit.memory.id for hit in shelf.search(kaleb, question, mode="keyword", limit=limit)]
+                for question, limit in (("printer", 3), ("printer toner", 3), ("garden", 5), ("jams", 600))}
+    shelf.close()
+    for (question, limit), ids in zip((("printer", 3), ("printer toner", 3), ("garden", 5), ("jams", 600)),
+                                      expected.values()):
+        found = json.loads(ok(tmp_path, "--json", "search", question, "--limit", str(limit)).stdout)["hits"]
+        assert [hit["memory"]["id"] for hit in found] == ids, question
+    assert expected["printer toner"][0] != expected["printer"][0]  # the toner line, found by its rare word
+    assert len(expected["jams"]) == 600  # a limit above the bound gets as many hits
