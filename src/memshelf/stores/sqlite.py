@@ -156,8 +156,9 @@ NEWEST_RANKED = 100
 """How many of a common term's newest matches a keyword query ranks (or its limit, if more)."""
 
 _CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
-_CREATED = MEMORY_COLUMNS.split(", ").index("m.created_at")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
+_CREATED = MEMORY_COLUMNS.split(", ").index("m.created_at")
+"""Where it holds when the memory was stored."""
 
 
 REFRESH_LOCKS = 16
@@ -833,7 +834,7 @@ class SQLiteStore(SQLRecords):
         if start <= min(picked):
             return _Bound((tail,), complete)
         # The rarer terms' matches older than every common term's newest: ranked in the same statement, FTS5 would
-        # walk each common term's every match from the oldest of them (5-10 ms at 100,000 memories). Instead, those
+        # walk each common term's every match from the oldest of them (5-20 ms at 100,000 memories). Instead, those
         # that also hold a common term are ranked by a query that needs both (FTS5 then skips through the common
         # term's list), and the others by the rarer terms alone: a term a row does not hold adds nothing to its
         # bm25, so every row keeps its score.
