@@ -188,6 +188,7 @@ class ShelfMachine(RuleBasedStateMachine):
 def test_a_long_lived_shelf_answers_as_a_fresh_one_through_any_changes(monkeypatch):
     monkeypatch.setattr(sqlite_store, "RANKED", 6)  # a word in more than six memories is common
     monkeypatch.setattr(sqlite_store, "NEWEST_RANKED", 3)
+    monkeypatch.setattr(sqlite_store, "SPLIT_WALK", 0)  # a rarer word's old matches ranked in statements of their own
     monkeypatch.setattr(sqlite_store, "PATCH_SHARE", 0.5)  # catch up with more changes before rebuilding
     monkeypatch.setattr(_vectors, "COMPACT_ROWS", 4)  # an int8 copy, scanned first, from four vectors
     monkeypatch.setattr(vector_files, "SAVED_ROWS", 4)  # a vector file, written and then mapped, from four
