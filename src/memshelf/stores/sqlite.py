@@ -728,9 +728,11 @@ class SQLiteStore(SQLRecords):
         scope = owner if narrow else None
         bounded = self._ranked_only(table, terms, owner, scope, by_confidence, rows=mine if narrow else tenant,
                                     limit=limit, sole=mine >= tenant)
-        exact = _Bound((_Part("", (), fts_query(terms, scope, with_context=not by_confidence,
-                                                words_table=by_confidence)),), complete=True)
         seen, at = view_condition(view, ts)
+
+        def every() -> _Bound:  # every match ranked
+            return _Bound((_Part("", (), fts_query(terms, scope, with_context=not by_confidence,
+                                                   words_table=by_confidence)),), complete=True)
 
         def ranked(only: _Bound) -> list:
             rows = []
@@ -749,12 +751,12 @@ class SQLiteStore(SQLRecords):
                 del rows[limit:]
             return rows
 
-        rows = ranked(bounded or exact)
+        rows = ranked(bounded or every())
         if bounded and not bounded.complete and (
                 len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE):
             # What the bound ranked may not hold the answer: too few of its rows are current, or an older match
             # outside it may be more confident than the last hit. Rank every match, as unbounded.
-            rows = ranked(exact)
+            rows = ranked(every())
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
