@@ -572,6 +572,31 @@ def test_an_old_statement_outranks_newer_guesses_of_a_common_word(tmp_path, monk
     shelf.close()
 
 
+def test_an_owner_of_mostly_guesses_finds_its_statements_among_more_of_the_newest(tmp_path, monkeypatch):
+    """The newest matches of a common word hold too few statements: more of them (WIDER times as many) are ranked
+    before every match is, and there the statements are, as ranking every match finds them; only when those fall
+    short too is every match ranked."""
+    bound_ranked(monkeypatch, 10, newest=4)
+    shelf = Shelf.open(tmp_path / "guesses.db", embedder=None)
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water.",
+                                 "source": "stated" if n % 10 == 9 else "inferred"} for n in range(60)])
+    statements: list[str] = []
+    original = shelf.store._q
+    monkeypatch.setattr(shelf.store, "_q", lambda sql, params=(): statements.append(sql) or original(sql, params))
+    found = keyword_answers(shelf, "garden", limit=3)
+    ranked = [sql for sql in statements if "bm25(" in sql]
+    assert len(ranked) == 2 and all("json_each" in sql for sql in ranked)  # the newest 4, then the newest 32 only
+    assert found == [f"Note {n}: the garden needs water." for n in (59, 49, 39)]
+    statements.clear()
+    assert keyword_answers(shelf, "garden", limit=6) == [f"Note {n}: the garden needs water." for n in
+                                                         (59, 49, 39, 29, 19, 9)]  # five would be too few there
+    ranked = [sql for sql in statements if "bm25(" in sql]
+    assert len(ranked) == 3 and "json_each" not in ranked[-1]  # the newest 6, the newest 48, then every match
+    monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)
+    assert keyword_answers(shelf, "garden", limit=3) == found  # what ranking every match gives
+    shelf.close()
+
+
 def test_a_common_word_in_a_shared_tenant_finds_the_owners_memories(tmp_path, monkeypatch):
     """When the owner holds a large share of the tenant, a common word's newest matches are the tenant's, and may
     all be another user's; and the newest may have expired. Either way the owner's current ones are found."""

@@ -154,6 +154,9 @@ RANKED = 500
 
 NEWEST_RANKED = 100
 """How many of a common term's newest matches a keyword query ranks (or its limit, if more)."""
+WIDER = 8
+"""When a common term's newest matches cannot be the answer (too few current, or the last hit less confident than a
+statement), a keyword query ranks this many times as many of them before it ranks every match."""
 
 _CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
@@ -726,8 +729,11 @@ class SQLiteStore(SQLRecords):
             "rank, m.created_at DESC, m.pk DESC"
         narrow = mine < OWNER_TOKEN_SHARE * tenant
         scope = owner if narrow else None
-        bounded = self._ranked_only(table, terms, owner, scope, by_confidence, rows=mine if narrow else tenant,
-                                    limit=limit, sole=mine >= tenant)
+        def bound(newest: int) -> _Bound | None:
+            return self._ranked_only(table, terms, owner, scope, by_confidence, rows=mine if narrow else tenant,
+                                     limit=limit, sole=mine >= tenant, newest=newest)
+
+        bounded = bound(max(NEWEST_RANKED, limit))
         seen, at = view_condition(view, ts)
 
         def every() -> _Bound:  # every match ranked
@@ -751,24 +757,32 @@ class SQLiteStore(SQLRecords):
                 del rows[limit:]
             return rows
 
+        def doubtful(ranked_only: _Bound | None, rows: list) -> bool:
+            """Whether what the bound ranked may not hold the answer: too few of its rows are current, or an older
+            match outside it may be more confident than the last hit."""
+            return ranked_only is not None and not ranked_only.complete and (
+                len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE)
+
         rows = ranked(bounded or every())
-        if bounded and not bounded.complete and (
-                len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE):
-            # What the bound ranked may not hold the answer: too few of its rows are current, or an older match
-            # outside it may be more confident than the last hit. Rank every match, as unbounded.
-            rows = ranked(every())
+        if doubtful(bounded, rows):
+            # More of the common words' newest matches first (an owner whose memories are mostly learned has few
+            # statements among them), then every match, as unbounded.
+            wider = bound(max(NEWEST_RANKED, limit) * WIDER)
+            rows = ranked(wider or every())
+            if doubtful(wider, rows):
+                rows = ranked(every())
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
     def _ranked_only(self, table: str, terms: Sequence[str], owner: Owner, scope: Owner | None, words_table: bool,
-                     rows: int, limit: int, sole: bool) -> _Bound | None:
+                     rows: int, limit: int, sole: bool, newest: int) -> _Bound | None:
         """Which matches a keyword query ranks when a term is common: None (all of them) unless a term matches more
         than max(RANKED, limit) rows. FTS5 scores every row it ranks, so a word found in a fifth of 100,000 memories
-        cost 30-100 ms (BENCHMARKS.md, "Keyword search on common words"). Then only each common term's newest
-        matches of this owner's (max(NEWEST_RANKED, limit), by when they were stored) and every match of the rarer
-        terms are ranked, and a common term matches its own word (as stemmed), not every word it begins: FTS5 merges a
-        prefix's every entry before it can skip any. keyword_search checks what this ranked and ranks every match
-        when it falls short.
+        cost 30-100 ms (BENCHMARKS.md, "Keyword search on common words"). Then only each common term's `newest`
+        newest matches of this owner's (by when they were stored) and every match of the rarer terms are ranked, and
+        a common term matches its own word (as stemmed), not every word it begins: FTS5 merges a prefix's every entry
+        before it can skip any. keyword_search checks what this ranked, and ranks more, then every match, when it
+        falls short.
 
         `scope`: the owner when queries start from the owner's index token, else None; `words_table`: the tenant's
         words table (keyword search), else its context table (the hybrid's candidates, ranked with the conversation
@@ -788,7 +802,6 @@ class SQLiteStore(SQLRecords):
         windowed = [term for term in terms if found[term] > bound]
         if not windowed:
             return None
-        newest = max(NEWEST_RANKED, limit)
         picked: set[int] = set()
         rare: set[int] = set()  # the other terms' every match
         windows = []  # each common term's newest matches, newest first, when it has older ones
