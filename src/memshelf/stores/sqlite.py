@@ -156,7 +156,8 @@ NEWEST_RANKED = 100
 """How many of a common term's newest matches a keyword query ranks (or its limit, if more)."""
 WIDER = 8
 """When a common term's newest matches cannot be the answer (too few current, or the last hit less confident than a
-statement), a keyword query ranks this many times as many of them before it ranks every match."""
+statement), a keyword query ranks this many times as many of them before it ranks every match: when too few were
+current, or when the statements among them, as many times over, would be enough."""
 
 _CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
@@ -765,9 +766,11 @@ class SQLiteStore(SQLRecords):
 
         rows = ranked(bounded or every())
         if doubtful(bounded, rows):
-            # More of the common words' newest matches first (an owner whose memories are mostly learned has few
-            # statements among them), then every match, as unbounded.
-            wider = bound(max(NEWEST_RANKED, limit) * WIDER)
+            # More of the common words' newest matches first, where they may hold enough statements (an owner whose
+            # memories are mostly learned has a few among the newest), then every match, as unbounded.
+            stated = sum(row[_CONFIDENCE] >= MAX_CONFIDENCE for row in rows)
+            wider = bound(max(NEWEST_RANKED, limit) * WIDER) if len(rows) < limit or stated * WIDER >= limit \
+                else None
             rows = ranked(wider or every())
             if doubtful(wider, rows):
                 rows = ranked(every())
