@@ -23,10 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TextGenerator, machine, print_table, save_json  # noqa: E402
+from _common import TextGenerator, machine, print_table, save_json, summarize_ms  # noqa: E402
 from bench_keyword import OWNER, build_questions  # noqa: E402
 
 import memshelf  # noqa: E402
@@ -88,8 +86,7 @@ def main() -> None:
     rows, results = [], {}
     for name in stores:
         every = [t for kind in KINDS for t in times[name][kind]]
-        results[name] = {kind: {"p50_ms": float(np.median(v) * 1e3), "p95_ms": float(np.percentile(v, 95) * 1e3)}
-                         for kind, v in [("all", every)] + [(k, times[name][k]) for k in KINDS]}
+        results[name] = {kind: summarize_ms(v) for kind, v in [("all", every)] + [(k, times[name][k]) for k in KINDS]}
     for kind in ("all", *KINDS):
         b, t = results["baseline"][kind], results["this"][kind]
         rows.append([kind, f"{b['p50_ms']:.2f} / {b['p95_ms']:.2f}", f"{t['p50_ms']:.2f} / {t['p95_ms']:.2f}",

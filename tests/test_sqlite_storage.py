@@ -522,6 +522,14 @@ def bound_ranked(monkeypatch, common: int, newest: int | None = None) -> None:
     monkeypatch.setattr(sqlite_store, "NEWEST_RANKED", common if newest is None else newest)
 
 
+def recorded_statements(shelf: Shelf, monkeypatch) -> list[str]:
+    """The SQL the shelf's store runs from now on, in order."""
+    statements: list[str] = []
+    original = shelf.store._q
+    monkeypatch.setattr(shelf.store, "_q", lambda sql, params=(): statements.append(sql) or original(sql, params))
+    return statements
+
+
 def keyword_answers(shelf: Shelf, question: str, limit: int = 5) -> list[str]:
     return [hit.memory.content for hit in shelf.search(KALEB, question, mode="keyword", limit=limit)]
 
@@ -583,9 +591,7 @@ def test_an_owner_of_mostly_guesses_finds_its_statements_among_more_of_the_newes
     shelf = Shelf.open(tmp_path / "guesses.db", embedder=None)
     shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water.",
                                  "source": "stated" if n % 10 == 9 else "inferred"} for n in range(60)])
-    statements: list[str] = []
-    original = shelf.store._q
-    monkeypatch.setattr(shelf.store, "_q", lambda sql, params=(): statements.append(sql) or original(sql, params))
+    statements = recorded_statements(shelf, monkeypatch)
     found = keyword_answers(shelf, "garden", limit=3)
     ranked = [sql for sql in statements if "bm25(" in sql]
     assert len(ranked) == 2 and all("json_each" in sql for sql in ranked)  # the newest 4, then the newest 32 only
@@ -642,9 +648,7 @@ def test_old_matches_of_a_rarer_word_keep_their_scores_beside_a_common_one(tmp_p
         "Plant the tulips in the garden in autumn.")])
     shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water today."}
                                 for n in range(30)])
-    statements: list[str] = []
-    original = shelf.store._q
-    monkeypatch.setattr(shelf.store, "_q", lambda sql, params=(): statements.append(sql) or original(sql, params))
+    statements = recorded_statements(shelf, monkeypatch)
     bound_ranked(monkeypatch, 10)
     monkeypatch.setattr(sqlite_store, "SPLIT_WALK", 0 if split else 10**9)
     bounded = [(hit.memory.content, hit.score) for hit in shelf.search(KALEB, "garden tulips", mode="keyword",
