@@ -3,6 +3,7 @@ vector search against exact numpy, erasure, and migration between backends."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from memshelf.stores.base import Evidence
 from memshelf.stores.postgres import (
     Blob, PostgresStore, bm25_query, exact_query, index_names, index_statements, tsquery_text)
 from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
+from memshelf.stores import postgres as pg_module
 from memshelf.stores.sqlite import SQLiteStore
 from memshelf.testing import Clock
 from memshelf._vectors import pack
@@ -96,7 +98,6 @@ def test_migrations_from_two_processes_and_threads_at_once(pg_server):
 def test_a_database_from_before_m003_upgrades_in_place(pg_server, monkeypatch):
     """Rows written under m001-m002 (no context, vectors wherever PostgreSQL put them) stay searchable after the
     later migrations; the first search of their model builds the missing covering index in the background."""
-    import memshelf.stores.postgres as pg_module
     from memshelf.stores.postgres import digest
 
     url = pg_server.empty_database()
@@ -934,6 +935,41 @@ def test_expired_and_superseded_memories_do_not_make_a_word_common(pg_fresh_url)
             assert shelf.store.supersede_memory(owner, replaced.id, newer.id, clock())
         assert _ranked(shelf, churned, "falcon report") == _ranked(shelf, plain, "falcon report")
         assert [text for text, _ in _ranked(shelf, churned, "falcon")] == ["The falcon report is due."]
+
+
+def test_the_hybrid_side_scores_bm25_with_the_context_in_the_row_length(pg_fresh_url):
+    """The hybrid's keyword candidates, scored by hand from the rows' own numbers: a term counts 1 in the row's own
+    words plus CONTEXT_WEIGHT in its conversation context, and the row's length is its own words' plus all of its
+    context's, as FTS5 counts every column (bm25_query's docstring)."""
+    turns = ["We drove home through the hills after the long autumn fair yesterday.", "The falcon landed.",
+             "It sat on the barn roof.", "Falcons nest on cliffs.", "The report is due on Friday.",
+             "A falcon report came from the river bank."]
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember_many(A, [{"topic": "t", "content": text} for text in turns])
+        store = shelf.store
+        assert isinstance(store, PostgresStore)
+        terms = ["falcon", "report"]
+        found = store.keyword_search(A, terms, 10, datetime.now(UTC), by_confidence=False)
+        with psycopg.connect(pg_fresh_url) as conn:
+            rows = conn.execute(
+                "SELECT content, length(search), length(coalesce(context_search, ''::tsvector)),"
+                " ARRAY[search @@ to_tsquery('memshelf_text', 'falcon'), search @@ to_tsquery('memshelf_text', 'report')],"
+                " ARRAY[coalesce(context_search @@ to_tsquery('memshelf_text', 'falcon'), false),"
+                "       coalesce(context_search @@ to_tsquery('memshelf_text', 'report'), false)]"
+                " FROM memories WHERE tenant = %s AND user_id = %s", (A.tenant, A.user)).fetchall()
+    hits = [r for r in rows if any(r[3])]
+    n, avgdl = len(rows), sum(r[1] + r[2] for r in hits) / len(hits)
+    df = [sum(r[3][i] for r in hits) for i in range(len(terms))]
+    expected = {}
+    for content, own_length, context_length, own, near in hits:
+        dl, score = own_length + context_length, 0.0
+        for i in range(len(terms)):
+            tf = own[i] + pg_module.CONTEXT_WEIGHT * near[i]
+            idf = math.log(1 + (n - df[i] + 0.5) / (df[i] + 0.5))
+            score += idf * tf * (pg_module.K1 + 1) / (tf + pg_module.K1 * (1 - pg_module.B + pg_module.B * dl / avgdl))
+        expected[content] = score
+    assert {s.memory.content: s.score for s in found} == pytest.approx(expected, rel=1e-9)
+    assert len(expected) == 4 and any(r[2] and any(r[4]) for r in hits)  # hits with a context that matches
 
 
 def _plan_nodes(node: dict) -> list[dict]:

@@ -118,7 +118,8 @@ MIN_CANDIDATES = 40
 PAGE = 1_000
 """Rows per round trip when iterating an owner's memories."""
 CONTEXT_WEIGHT = 0.5
-"""Weight of a memory's conversation context in its term counts and length, against 1.0 for its own words."""
+"""Weight of a memory's conversation context in its term counts, against 1.0 for its own words (its length counts
+in full, bm25_query)."""
 K1 = 1.2
 B = 0.75
 """bm25's term-frequency saturation and length normalisation, FTS5's values."""
@@ -194,13 +195,15 @@ def bm25_query(terms: int, with_context: bool, order: str, seen: str) -> str:
 
     With context (the hybrid's candidates) a term also counts CONTEXT_WEIGHT where it is in the row's conversation
     context, whether or not it is in the row's own words (as in SQLite's context table), and the context's length
-    counts as much toward the row's. Only the best `limit` rows are read back whole.
+    counts in full toward the row's, as FTS5 counts every column's words in a row's length (counted at
+    CONTEXT_WEIGHT, the default search scored LoCoMo frac@5 0.653 against 0.664 now, BENCHMARKS.md).
+    Only the best `limit` rows are read back whole.
 
     Both CTEs are MATERIALIZED: under row-level security the planner expects one hit, and an inlined `stats` was
     computed again for every hit (quadratic: 14 ms instead of 1.4 ms for 268 hits, BENCHMARKS.md)."""
     weight = f"{float(CONTEXT_WEIGHT)!r}::float8"
     context = "coalesce(m.context_search, ''::tsvector)"
-    length = f"length(m.search) + {weight} * length({context})" if with_context else "length(m.search)"
+    length = f"length(m.search) + length({context})" if with_context else "length(m.search)"
     found = "".join(f", (m.search @@ q{i})::int::float8 AS own{i}" for i in range(terms))
     if with_context:
         found += "".join(f", ({context} @@ q{i})::int::float8 AS near{i}" for i in range(terms))
