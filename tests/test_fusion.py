@@ -1,16 +1,21 @@
 """The hybrid search's fusion (memshelf._retrieval.fuse): reciprocal rank fusion with a steep meaning side.
-Properties on synthetic candidates, and the case the previous fusion lost on LongMemEval (the one line found only
-by meaning sank below plain keyword matches) with the real model on both backends."""
+Properties on synthetic candidates, the case the previous fusion lost on LongMemEval (the one line found only
+by meaning sank below plain keyword matches) with the real model on both backends, and the two sides run at once."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from memshelf import Owner
+from fakes import HashEmbedder
+
+import memshelf.shelf as shelf_module
+from memshelf import DimensionMismatch, Owner, Shelf, StoreError
 from memshelf._retrieval import RRF_K, SEMANTIC_K, SEMANTIC_WEIGHT, fuse
 from memshelf.model import Memory
 from memshelf.stores.base import Scored
@@ -114,3 +119,104 @@ def test_meaning_s_first_line_is_not_buried_by_word_matches(open_shelf, local_em
     hits = shelf.search(ROSA, question, limit=5)
     assert [(h.retriever, h.details.get("semantic_rank")) for h in hits if h.memory.content == ANSWER] == [
         ("semantic", 1)]
+
+
+# ---------------------------------------------------------------- the two sides at once
+NOTES = [f"Note {i}: the {word} is in the {place}." for i, (word, place) in enumerate(
+    (w, p) for w in ("toner", "stapler", "ladder", "kettle", "router") for p in ("closet", "garage", "office"))]
+QUESTIONS = ["Where is the toner?", "kettle in the garage", "Which router is in the office?", "ladder", "nothing"]
+
+
+def _threads_of(shelf, monkeypatch) -> list[str]:
+    """The names of the threads the store's vector_search runs on, from now on."""
+    names: list[str] = []
+    search = shelf.store.vector_search
+
+    def recorded(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(shelf.store, "vector_search", recorded)
+    return names
+
+
+def _answers(shelf) -> list[list[tuple[str, float, str]]]:
+    return [[(h.memory.content, h.score, h.retriever) for h in shelf.search(ROSA, q, mode="hybrid", limit=8)]
+            for q in QUESTIONS]
+
+
+def _filled(shelf):
+    shelf.remember_many(ROSA, [{"topic": "office", "content": text} for text in NOTES])
+    return shelf
+
+
+def test_on_postgresql_the_meaning_side_runs_beside_the_keyword_side_with_the_same_answers(pg_fresh_url,
+                                                                                          monkeypatch):
+    """The meaning side runs on a side thread while the keyword side runs on the caller's, and every answer is
+    what running them one after the other gives; when every side thread is busy, or inside a transaction (where
+    another connection would not see this one's writes), both run on the caller's thread."""
+    with Shelf.open(pg_fresh_url, embedder=HashEmbedder()) as shelf:
+        _filled(shelf)
+        threads = _threads_of(shelf, monkeypatch)
+        at_once = _answers(shelf)
+        assert threads and all(name.startswith("memshelf-side") for name in threads)
+        assert any(hits for hits in at_once)
+        monkeypatch.setattr(shelf_module, "SIDES_AT_ONCE", False)
+        threads.clear()
+        assert _answers(shelf) == at_once
+        assert set(threads) == {threading.current_thread().name}
+        monkeypatch.setattr(shelf_module, "SIDES_AT_ONCE", True)
+        slots = shelf_module._side_slots
+        taken = [slots.acquire(blocking=False) for _ in range(shelf_module.SIDE_THREADS)]  # a busy server
+        try:
+            threads.clear()
+            assert all(taken) and _answers(shelf) == at_once
+            assert set(threads) == {threading.current_thread().name}
+        finally:
+            for _ in taken:
+                slots.release()
+        threads.clear()
+        with shelf.store.atomic():
+            shelf.remember(ROSA, "office", "The spare toner went to the basement.")
+            hits = shelf.search(ROSA, "spare toner basement", mode="hybrid", limit=3)
+        assert "The spare toner went to the basement." in [h.memory.content for h in hits]
+        assert set(threads) == {threading.current_thread().name}
+
+
+def test_on_sqlite_the_two_sides_run_one_after_the_other(tmp_path, monkeypatch):
+    """In process both sides are short: a thread hop cost more than it saved on LoCoMo (BENCHMARKS.md)."""
+    with Shelf.open(str(tmp_path / "m.db"), embedder=HashEmbedder()) as shelf:
+        threads = _threads_of(_filled(shelf), monkeypatch)
+        assert any(_answers(shelf)) and set(threads) == {threading.current_thread().name}
+
+
+def test_a_failed_side_fails_the_search_and_leaves_nothing_running(pg_fresh_url, monkeypatch):
+    """The keyword side's error reaches the caller only after the meaning side has finished; the meaning side's
+    error reaches the caller as it did when the sides ran one after the other."""
+    with Shelf.open(pg_fresh_url, embedder=HashEmbedder()) as shelf:
+        _filled(shelf)
+        finished: list[bool] = []
+        search = shelf.store.vector_search
+
+        def slow(*args, **kwargs):
+            time.sleep(0.2)
+            found = search(*args, **kwargs)
+            finished.append(True)
+            return found
+
+        def broken(*args, **kwargs):
+            raise StoreError("the keyword side broke")
+
+        monkeypatch.setattr(shelf.store, "vector_search", slow)
+        monkeypatch.setattr(shelf.store, "keyword_search", broken)
+        with pytest.raises(StoreError, match="keyword side broke"):
+            shelf.search(ROSA, "Where is the toner?", mode="hybrid")
+        assert len(finished) == 1  # it sleeps 0.2 s first: had the search not waited, nothing would be here yet
+        monkeypatch.undo()
+
+        def mismatched(*args, **kwargs):
+            raise DimensionMismatch("the stored vectors have 3 dimensions", "run backfill")
+
+        monkeypatch.setattr(shelf.store, "vector_search", mismatched)
+        with pytest.raises(DimensionMismatch, match="3 dimensions"):
+            shelf.search(ROSA, "Where is the toner?", mode="hybrid")

@@ -428,6 +428,13 @@ class Store(MemoryStore, RecordStore, AdminStore):
         costs more than the lookup). False, the default, is always safe."""
         return False
 
+    def reads_aside(self) -> bool:
+        """Whether a hybrid search should run its meaning side on another thread beside its keyword side, now: only
+        when a read there would see what this thread sees (outside a transaction) and the two reads wait on
+        something other than this process's own CPU (a database server), so that running them together pays.
+        False, the default, keeps them one after the other, always safe."""
+        return False
+
     def bulk_load(self) -> AbstractContextManager[None]:
         """Wrap a large import (migrate, benchmarks): a backend may defer index builds to the end of the block
         and tidy up afterwards. Reads inside the block stay correct. The default does nothing special."""
