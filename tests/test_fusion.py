@@ -1,6 +1,7 @@
 """The hybrid search's fusion (memshelf._retrieval.fuse): reciprocal rank fusion with a steep meaning side.
 Properties on synthetic candidates, the case the previous fusion lost on LongMemEval (the one line found only
-by meaning sank below plain keyword matches) with the real model on both backends, and the two sides run at once."""
+by meaning sank below plain keyword matches) with the real model on both backends, and how the two sides are
+gathered (both_sides)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from fakes import HashEmbedder
 
-import memshelf.shelf as shelf_module
+import memshelf._retrieval as retrieval
 from memshelf import DimensionMismatch, Owner, Shelf, StoreError
 from memshelf._retrieval import RRF_K, SEMANTIC_K, SEMANTIC_WEIGHT, fuse
 from memshelf.model import Memory
@@ -161,13 +162,13 @@ def test_on_postgresql_the_meaning_side_runs_beside_the_keyword_side_with_the_sa
         at_once = _answers(shelf)
         assert threads and all(name.startswith("memshelf-side") for name in threads)
         assert any(hits for hits in at_once)
-        monkeypatch.setattr(shelf_module, "SIDES_AT_ONCE", False)
+        monkeypatch.setattr(retrieval, "SIDES_AT_ONCE", False)
         threads.clear()
         assert _answers(shelf) == at_once
         assert set(threads) == {threading.current_thread().name}
-        monkeypatch.setattr(shelf_module, "SIDES_AT_ONCE", True)
-        slots = shelf_module._side_slots
-        taken = [slots.acquire(blocking=False) for _ in range(shelf_module.SIDE_THREADS)]  # a busy server
+        monkeypatch.setattr(retrieval, "SIDES_AT_ONCE", True)
+        slots = retrieval._side_slots
+        taken = [slots.acquire(blocking=False) for _ in range(retrieval.SIDE_THREADS)]  # a busy server
         try:
             threads.clear()
             assert all(taken) and _answers(shelf) == at_once

@@ -953,10 +953,11 @@ def test_the_hybrid_side_scores_bm25_with_the_context_in_the_row_length(pg_fresh
         with psycopg.connect(pg_fresh_url) as conn:
             rows = conn.execute(
                 "SELECT content, length(search), length(coalesce(context_search, ''::tsvector)),"
-                " ARRAY[search @@ to_tsquery('memshelf_text', 'falcon'), search @@ to_tsquery('memshelf_text', 'report')],"
-                " ARRAY[coalesce(context_search @@ to_tsquery('memshelf_text', 'falcon'), false),"
-                "       coalesce(context_search @@ to_tsquery('memshelf_text', 'report'), false)]"
-                " FROM memories WHERE tenant = %s AND user_id = %s", (A.tenant, A.user)).fetchall()
+                " ARRAY[search @@ q.falcon, search @@ q.report],"
+                " ARRAY[coalesce(context_search @@ q.falcon, false), coalesce(context_search @@ q.report, false)]"
+                " FROM memories, (SELECT to_tsquery('memshelf_text', 'falcon') AS falcon,"
+                " to_tsquery('memshelf_text', 'report') AS report) q"
+                " WHERE tenant = %s AND user_id = %s", (A.tenant, A.user)).fetchall()
     hits = [r for r in rows if any(r[3])]
     n, avgdl = len(rows), sum(r[1] + r[2] for r in hits) / len(hits)
     df = [sum(r[3][i] for r in hits) for i in range(len(terms))]

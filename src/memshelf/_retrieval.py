@@ -1,12 +1,19 @@
-"""Fusing the keyword and the meaning retrievers into one ranking."""
+"""A hybrid search's two retrievers: their candidates gathered (both_sides) and fused into one ranking."""
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from collections.abc import Callable, Sequence
 
-from .model import Memory
-from .stores.base import Scored
+import numpy as np
+
+from .model import Memory, Owner
+from .stores.base import CURRENT, Scored, Store, View
 
 RRF_K = 10
 SEMANTIC_K = 1
@@ -19,6 +26,66 @@ first is often the one line that shares no word with the question (BENCHMARKS.md
 AS_RELEVANT = 0.8
 """A candidate is as relevant as the best when one retriever scores it at least this share of that retriever's best
 raw score (bm25 for keywords, on both backends; cosine for meaning). Provenance orders only among those."""
+SIDES_AT_ONCE = True
+"""A hybrid search runs its meaning side on a side thread while its keyword side runs on the caller's, when the
+store says it pays (Store.reads_aside: PostgreSQL outside a transaction, where both sides wait on the server), so
+the search takes about as long as the slower side instead of both (BENCHMARKS.md)."""
+SIDE_THREADS = 4
+"""Meaning sides running at once in a process; when all are busy a search runs its own, one side after the other."""
+
+
+_sides: ThreadPoolExecutor | None = None
+_side_slots = threading.BoundedSemaphore(SIDE_THREADS)
+_sides_lock = threading.Lock()
+
+
+def _beside(read: Callable[..., Any], *args: Any) -> Future[Any] | None:
+    """`read(*args)` started on one of the process's side threads, or None when all SIDE_THREADS are busy (a loaded
+    server): the caller then runs it itself, so a search never queues behind other searches' sides. The pool is made
+    on first use, and again in a forked child, which inherits the pool but not its threads."""
+    global _sides
+    if not _side_slots.acquire(blocking=False):
+        return None
+    try:
+        with _sides_lock:
+            if _sides is None:
+                _sides = ThreadPoolExecutor(SIDE_THREADS, thread_name_prefix="memshelf-side")
+            started = _sides.submit(read, *args)
+    except RuntimeError:  # the interpreter is shutting down: no new threads
+        _side_slots.release()
+        return None
+    except BaseException:
+        _side_slots.release()
+        raise
+    started.add_done_callback(lambda _: _side_slots.release())
+    return started
+
+
+def both_sides(store: Store, owner: Owner, model: str, terms: list[str], query: np.ndarray, width: int,
+               floor: float, now: datetime, view: View = CURRENT,
+               at_once: bool | None = None) -> tuple[list[Scored], list[Scored]]:
+    """A hybrid search's candidates, `width` a side: (by words with their conversation context, by meaning). The
+    meaning side runs on a side thread while the words side runs on the caller's when `at_once` (default
+    SIDES_AT_ONCE), the store allows it (Store.reads_aside) and a side thread is free; else one after the other."""
+    at_once = SIDES_AT_ONCE if at_once is None else at_once
+    meaning = _beside(store.vector_search, owner, model, query, width, floor, now, view) \
+        if at_once and store.reads_aside() else None
+    try:
+        by_words = store.keyword_search(owner, terms, width, now, by_confidence=False, view=view)
+    finally:
+        if meaning is not None:
+            wait([meaning])  # never leave a read running behind a failed search
+    by_meaning = meaning.result() if meaning is not None else \
+        store.vector_search(owner, model, query, width, floor, now, view)
+    return by_words, by_meaning
+
+
+def _forget_side_pool() -> None:
+    global _sides, _side_slots
+    _sides, _side_slots = None, threading.BoundedSemaphore(SIDE_THREADS)
+
+
+os.register_at_fork(after_in_child=_forget_side_pool)
 
 
 @dataclass

@@ -9,8 +9,6 @@ import json
 import logging
 import os
 import secrets
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,8 +29,8 @@ from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, M
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, UserSummary, check_encodable,
                     check_filter, check_role, check_tenant, check_text, check_topic, check_ttl, check_when, counted,
                     missing_changes, resolve_expiry, sources_from_text, utcnow)
-from ._retrieval import Candidate, fuse, order
-from .stores.base import CURRENT, ApiKey, Erased, Evidence, Listing, Position, Scored, Store, View, open_store
+from ._retrieval import Candidate, both_sides, fuse, order
+from .stores.base import ApiKey, Erased, Evidence, Listing, Position, Store, View, open_store
 from .stores.tables import exported_kinds
 from ._vectors import pack
 
@@ -45,12 +43,6 @@ DEFAULT_FLOOR = 0.20
 """Cosine below which a semantic candidate is noise (all-MiniLM-L6-v2; see README for how it was chosen)."""
 CANDIDATES = 50
 """How many candidates each retriever contributes to a hybrid search."""
-SIDES_AT_ONCE = True
-"""A hybrid search runs its meaning side on a side thread while its keyword side runs on the caller's, when the
-store says it pays (Store.reads_aside: PostgreSQL outside a transaction, where both sides wait on the server), so
-the search takes about as long as the slower side instead of both (BENCHMARKS.md)."""
-SIDE_THREADS = 4
-"""Meaning sides running at once in a process; when all are busy a search runs its own, one side after the other."""
 DEFAULT_MESSAGE_TTL = timedelta(days=30)
 DEFAULT_DB = "memshelf.db"
 IMPORT_BATCH = 64
@@ -59,60 +51,6 @@ MEMORY_ID_ADVICE = "check the id: list_memories() and search() return them"
 FACT_KEY_ADVICE = "list the keys with facts()"
 ORDERS = ("newest", "confident")
 """How list_memories orders: newest first, or most confident first (then newest)."""
-
-
-_sides: ThreadPoolExecutor | None = None
-_side_slots = threading.BoundedSemaphore(SIDE_THREADS)
-_sides_lock = threading.Lock()
-
-
-def _beside(read: Callable[..., Any], *args: Any) -> Future[Any] | None:
-    """`read(*args)` started on one of the process's side threads, or None when all SIDE_THREADS are busy (a loaded
-    server): the caller then runs it itself, so a search never queues behind other searches' sides. The pool is made
-    on first use, and again in a forked child, which inherits the pool but not its threads."""
-    global _sides
-    if not _side_slots.acquire(blocking=False):
-        return None
-    try:
-        with _sides_lock:
-            if _sides is None:
-                _sides = ThreadPoolExecutor(SIDE_THREADS, thread_name_prefix="memshelf-side")
-            started = _sides.submit(read, *args)
-    except RuntimeError:  # the interpreter is shutting down: no new threads
-        _side_slots.release()
-        return None
-    except BaseException:
-        _side_slots.release()
-        raise
-    started.add_done_callback(lambda _: _side_slots.release())
-    return started
-
-
-def both_sides(store: Store, owner: Owner, model: str, terms: list[str], query: np.ndarray, width: int,
-               floor: float, now: datetime, view: View = CURRENT,
-               at_once: bool | None = None) -> tuple[list[Scored], list[Scored]]:
-    """A hybrid search's candidates, `width` a side: (by words with their conversation context, by meaning). The
-    meaning side runs on a side thread while the words side runs on the caller's when `at_once` (default
-    SIDES_AT_ONCE), the store allows it (Store.reads_aside) and a side thread is free; else one after the other."""
-    at_once = SIDES_AT_ONCE if at_once is None else at_once
-    meaning = _beside(store.vector_search, owner, model, query, width, floor, now, view) \
-        if at_once and store.reads_aside() else None
-    try:
-        by_words = store.keyword_search(owner, terms, width, now, by_confidence=False, view=view)
-    finally:
-        if meaning is not None:
-            wait([meaning])  # never leave a read running behind a failed search
-    by_meaning = meaning.result() if meaning is not None else \
-        store.vector_search(owner, model, query, width, floor, now, view)
-    return by_words, by_meaning
-
-
-def _forget_side_pool() -> None:
-    global _sides, _side_slots
-    _sides, _side_slots = None, threading.BoundedSemaphore(SIDE_THREADS)
-
-
-os.register_at_fork(after_in_child=_forget_side_pool)
 
 
 def _check_owner(owner: object) -> Owner:
@@ -617,8 +555,8 @@ class Shelf:
     def _hybrid(self, owner: Owner, terms: list[str], query: np.ndarray, limit: int, floor: float,
                 now: datetime, view: View) -> SearchResult:
         width = max(CANDIDATES, limit)
-        by_words, by_meaning = both_sides(self.store, owner, self.embedder.model, terms, query, width,  # type: ignore[union-attr]
-                                          floor, now, view)
+        model = self.embedder.model  # type: ignore[union-attr]
+        by_words, by_meaning = both_sides(self.store, owner, model, terms, query, width, floor, now, view)
         fused: list[Candidate] = order(fuse(by_words, by_meaning))
         return SearchResult([Hit(c.memory, c.score, c.retriever, c.details) for c in fused[:limit]], mode="hybrid")
 
