@@ -168,7 +168,8 @@ def test_on_postgresql_the_meaning_side_runs_beside_the_keyword_side_with_the_sa
         assert set(threads) == {threading.current_thread().name}
         monkeypatch.setattr(retrieval, "SIDES_AT_ONCE", True)
         slots = retrieval._side_slots
-        taken = [slots.acquire(blocking=False) for _ in range(retrieval.SIDE_THREADS)]  # a busy server
+        # a busy server (a side's slot comes back just after its search returns, so wait a moment for each)
+        taken = [slots.acquire(timeout=5) for _ in range(retrieval.SIDE_THREADS)]
         try:
             threads.clear()
             assert all(taken) and _answers(shelf) == at_once
