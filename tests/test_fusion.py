@@ -222,3 +222,29 @@ def test_a_failed_side_fails_the_search_and_leaves_nothing_running(pg_fresh_url,
         monkeypatch.setattr(shelf.store, "vector_search", mismatched)
         with pytest.raises(DimensionMismatch, match="3 dimensions"):
             shelf.search(ROSA, "Where is the toner?", mode="hybrid")
+
+
+def test_many_threads_searching_through_a_small_pool_all_get_their_answers(pg_fresh_url, monkeypatch):
+    """Twelve threads searching at once through a pool of two connections, each hybrid search wanting a second
+    one for its meaning side: none waits forever (a keyword side gives its connection back before its search waits
+    for the meaning side), and every answer is the one a search alone gets."""
+    monkeypatch.setenv("MEMSHELF_PG_POOL_SIZE", "2")
+    with Shelf.open(pg_fresh_url, embedder=HashEmbedder()) as shelf:
+        expected = _answers(_filled(shelf))
+        ran_on = _threads_of(shelf, monkeypatch)
+        results: list[object] = []
+
+        def searcher() -> None:
+            try:
+                results.extend(_answers(shelf) == expected for _ in range(3))
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                results.append(exc)
+
+        threads = [threading.Thread(target=searcher) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert results == [True] * 36
+        assert any(name.startswith("memshelf-side") for name in ran_on)
