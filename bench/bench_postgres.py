@@ -5,7 +5,8 @@ float32 vectors drawn around 256 random centres (clustered, unit length), synthe
 Measured for one owner (tenant t050 of 100; the middle tenant for other counts): keyword, semantic and hybrid
 search p50/p95 over --queries questions (hybrid: the library's candidates, memshelf._retrieval.both_sides, with the
 two sides at once where the store says it pays, and again one after the other, in the same run), recall@10 of
-semantic search against numpy exact search over that owner's vectors, and ingest throughput of the pre-embedded
+semantic search against numpy exact search over that owner's vectors (PostgreSQL three times: as the store chooses
+between the exact path and HNSW, with HNSW forced, and with the exact path forced), and ingest throughput of the pre-embedded
 rows (PostgreSQL: COPY through PostgresStore.import_memories in batches of --chunk rows inside bulk_load(), so the
 vector indexes are built once at the end, then VACUUM ANALYZE; SQLite: SQLiteStore.import_memories).
 
@@ -216,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
         results["postgres_hnsw"] = measure(forced, data, qs)
         print("postgres (HNSW forced)", results["postgres_hnsw"], flush=True)
         forced.close()
+        forced = PostgresStore(url, exact_max_rows=args.rows, pool_size=2)
+        results["postgres_exact"] = measure(forced, data, qs)
+        print("postgres (exact forced)", results["postgres_exact"], flush=True)
+        forced.close()
         pg.close()
         if not args.no_sqlite:
             lite = SQLiteStore(os.path.join(folder, "bench.db"))
@@ -233,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(results: dict[str, Any]) -> None:
     rows = []
-    for name in ("postgres", "postgres_hnsw", "sqlite"):
+    for name in ("postgres", "postgres_hnsw", "postgres_exact", "sqlite"):
         r = results.get(name)
         if r is None:
             continue

@@ -322,6 +322,27 @@ def test_the_hnsw_path_with_a_tenant_filter_does_not_lose_results(crowd):
         indexed.close()
 
 
+def test_a_wider_search_keeps_the_exact_path_for_larger_owners(crowd, monkeypatch):
+    """HNSW walks the whole table for its candidates, 4x the limit: the hybrid's 50 would cost it five times the top
+    10's, so an owner just past the top 10's exact size is still scanned exactly for 50 (and found exactly)."""
+    _, owners, vectors, url = crowd
+    store = PostgresStore(url, exact_max_rows=PER_OWNER - 50)
+    paths: list[int] = []
+    approximate = store._approximate
+    monkeypatch.setattr(store, "_approximate", lambda *a, **k: paths.append(a[5]) or approximate(*a, **k))
+    try:
+        assert store.exact_rows(10) == PER_OWNER - 50 < PER_OWNER < store.exact_rows(50) < store.exact_rows(100)
+        query = _clustered(np.random.default_rng(13), 1)[0]
+        assert len(store.vector_search(owners[7], "test-48", query, K, -1.0, T0)) == K
+        assert paths == [K]  # the top 10 of an owner over exact_max_rows: HNSW
+        wide = store.vector_search(owners[7], "test-48", query, 50, -1.0, T0)
+        assert paths == [K]  # the top 50: exact
+        block = vectors[7 * PER_OWNER:8 * PER_OWNER] @ query
+        assert [s.memory.id for s in wide] == [f"m_7_{j}" for j in np.argsort(-block, kind="stable")[:50]]
+    finally:
+        store.close()
+
+
 def test_floor_and_dimension_checks(crowd):
     store, owners, vectors, _ = crowd
     query = vectors[0]

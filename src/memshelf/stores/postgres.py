@@ -36,9 +36,9 @@ valid:
 
 - a covering btree on (tenant, user_id) INCLUDE (pk, confidence, expires_at, embedding), for vectors of up to 512
   dimensions and owner keys of up to 512 bytes (so every entry fits in a btree page). An owner with at most
-  `exact_max_rows` vectors of the model (default 20,000, counted with a capped index-only count) is searched
-  exactly by an index-only scan of its entries, which lie together in the index however the owner's rows are
-  spread over the table;
+  `exact_rows(limit)` vectors of the model (exact_max_rows, default 20,000, for the top 10, more for a wider
+  search; counted with a capped index-only count) is searched exactly by an index-only scan of its entries, which
+  lie together in the index however the owner's rows are spread over the table;
 - an HNSW expression index `((embedding::vector(d)) vector_cosine_ops)`, up to pgvector's 2,000 dimensions, for
   larger owners, with `hnsw.iterative_scan = relaxed_order` so the owner filter cannot starve the top-k; if the
   index still comes back short the search is redone exactly.
@@ -71,6 +71,7 @@ Pool size: MEMSHELF_PG_POOL_SIZE (default 10, at most 1,000) connections per sto
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from contextlib import AbstractContextManager, contextmanager
@@ -99,8 +100,9 @@ from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 REQUIRED_EXTENSIONS = ("vector", "unaccent")
 """The extensions the migrations create (_postgres_schema.py); a superuser creates them where the login role may not."""
 EXACT_MAX_ROWS = 20_000
-"""Owners with at most this many vectors of a model are searched exactly: at that size a scan of the owner's rows
-is as fast as HNSW with a filter, and exact by definition."""
+"""Owners with at most this many vectors of a model are searched exactly when asked for the top 10 (at that size a
+scan of the owner's rows is as fast as HNSW with a filter, and exact by definition); a wider search keeps the exact
+path for larger owners (exact_rows)."""
 EF_SEARCH = 200
 """HNSW candidate list for owner-filtered scans; 100 left a 1% owner at recall@10 0.93-0.99 across index builds."""
 MAX_SCAN_TUPLES = 40_000
@@ -870,7 +872,7 @@ class PostgresStore(SQLRecords):
         query = np.asarray(query, dtype=np.float32)
         dimensions = int(query.shape[0])
         with self._tenant(owner.tenant) as cur:
-            stored, rows, pieced = self._owner_vector_shape(cur, owner, model)
+            stored, rows, pieced = self._owner_vector_shape(cur, owner, model, self.exact_rows(limit))
             if stored is None:
                 return []
             if stored != dimensions:
@@ -882,7 +884,7 @@ class PostgresStore(SQLRecords):
             blob = Blob(query.astype("<f4").tobytes())
             indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
             found = None
-            if rows > self.exact_max_rows and indexed:
+            if rows > self.exact_rows(limit) and indexed:
                 found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now, view)
             if found is None:
                 found = self._exact(cur, owner, model, blob, dimensions, limit, floor, now, view)
@@ -907,9 +909,20 @@ class PostgresStore(SQLRecords):
                                    limit)).fetchall()
         return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
 
-    def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str) -> tuple[int | None, int, bool]:
+    def exact_rows(self, limit: int) -> int:
+        """The most vectors an owner may have for a search of the top `limit` to be exact rather than through HNSW.
+
+        An exact search costs about the owner's rows; the HNSW path walks the index until it has found its
+        candidates (OVERSAMPLE x limit) among every owner's rows, so it costs about the candidates times the table
+        over the owner's rows. The two are equal at an owner size that grows with the square root of the
+        candidates: exact_max_rows is that size for the top 10, and the hybrid's 50 candidates keep the exact path
+        up to about 2.2 times as many rows (BENCHMARKS.md, "PostgreSQL: the exact path for wider searches")."""
+        return int(self.exact_max_rows * math.sqrt(max(limit * OVERSAMPLE, MIN_CANDIDATES) / MIN_CANDIDATES))
+
+    def _owner_vector_shape(self, cur: psycopg.Cursor, owner: Owner, model: str, cap: int
+                            ) -> tuple[int | None, int, bool]:
         """The dimensions of the owner's vectors of `model` (None when it has none), how many rows it has, counted
-        up to exact_max_rows + 1 only, through the owner index, so the count stays cheap, and whether it has later
+        up to `cap` + 1 only, through the owner index, so the count stays cheap, and whether it has later
         pieces of long memories (most owners have none, and their searches skip the pieces' query)."""
         row = cur.execute(
             "SELECT (SELECT vector_dims(embedding) FROM memories WHERE tenant = %s AND user_id = %s"
@@ -917,7 +930,7 @@ class PostgresStore(SQLRecords):
             "       (SELECT count(*) FROM (SELECT 1 FROM memories WHERE tenant = %s AND user_id = %s"
             "        AND embed_model = %s LIMIT %s) s),"
             "       EXISTS (SELECT 1 FROM memory_pieces WHERE tenant = %s AND user_id = %s AND embed_model = %s)",
-            (owner.tenant, owner.user, model, owner.tenant, owner.user, model, self.exact_max_rows + 1,
+            (owner.tenant, owner.user, model, owner.tenant, owner.user, model, cap + 1,
              owner.tenant, owner.user, model)).fetchone()
         return (None, 0, False) if row is None else (row[0], row[1], row[2])
 
