@@ -583,26 +583,49 @@ def test_an_old_statement_outranks_newer_guesses_of_a_common_word(tmp_path, monk
     shelf.close()
 
 
-def test_an_owner_of_mostly_guesses_finds_its_statements_among_more_of_the_newest(tmp_path, monkeypatch):
-    """The newest matches of a common word hold too few statements: more of them (WIDER times as many) are ranked
-    before every match is, and there the statements are, as ranking every match finds them; only when those fall
-    short too is every match ranked."""
+def test_an_owner_of_mostly_guesses_finds_its_statements_among_every_match(tmp_path, monkeypatch):
+    """The newest matches of a common word hold too few statements: WIDER times as many are ranked where the
+    statements among them, as many times over, would be enough; when that falls short, or is not tried, the matches
+    more confident than the last hit are ranked among every match (for such an owner, few: only they are scored),
+    and the best of both kept, as ranking every match finds them."""
     bound_ranked(monkeypatch, 10, newest=4)
     shelf = Shelf.open(tmp_path / "guesses.db", embedder=None)
     shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water.",
-                                 "source": "stated" if n % 10 == 9 else "inferred"} for n in range(60)])
+                                 "source": "stated" if n % 20 == 19 else "inferred"} for n in range(60)])
     statements = recorded_statements(shelf, monkeypatch)
-    found = keyword_answers(shelf, "garden", limit=3)
+    found = {limit: keyword_answers(shelf, "garden", limit=limit) for limit in (3, 10)}
     ranked = [sql for sql in statements if "bm25(" in sql]
-    assert len(ranked) == 2 and all("json_each" in sql for sql in ranked)  # the newest 4, then the newest 32 only
-    assert found == [f"Note {n}: the garden needs water." for n in (59, 49, 39)]
-    statements.clear()
-    assert keyword_answers(shelf, "garden", limit=6) == [f"Note {n}: the garden needs water." for n in
-                                                         (59, 49, 39, 29, 19, 9)]  # five would be too few there
-    ranked = [sql for sql in statements if "bm25(" in sql]
-    assert len(ranked) == 3 and "json_each" not in ranked[-1]  # the newest 6, the newest 48, then every match
+    assert ["json_each" in sql for sql in ranked] == [True, True, False, True, False]  # limit 3: the newest 4,
+    # the newest 32 (one statement among the 4 could be three among 32), then the more confident; limit 10: the
+    # newest 10 (one statement could not be ten among 80), then the more confident
+    assert all("m.confidence > ?" in sql for sql in ranked if "json_each" not in sql)
+    notes = [f"Note {n}: the garden needs water." for n in (59, 39, 19, 58, 57, 56, 55, 54, 53, 52)]
+    assert found == {3: notes[:3], 10: notes}  # every statement, then the newest guesses
     monkeypatch.setattr(sqlite_store, "RANKED", 1_000_000)
-    assert keyword_answers(shelf, "garden", limit=3) == found  # what ranking every match gives
+    assert {limit: keyword_answers(shelf, "garden", limit=limit) for limit in (3, 10)} == found  # what ranking
+    # every match gives
+    shelf.close()
+
+
+def test_too_few_current_newest_matches_rank_more_of_them_then_every_match(tmp_path, monkeypatch):
+    """When the newest matches of a common word have mostly expired, WIDER times as many are ranked, then every
+    match."""
+    today = [datetime(2026, 5, 1, tzinfo=UTC)]
+    shelf = Shelf.open(tmp_path / "expired.db", embedder=None, clock=lambda: today[0])
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water."}
+                                for n in range(40)])
+    shelf.remember_many(KALEB, [{"topic": "home", "content": f"Reminder {n}: the garden hose is out.",
+                                 "expires_at": today[0] + timedelta(days=1)} for n in range(40)])
+    today[0] += timedelta(days=2)
+    statements = recorded_statements(shelf, monkeypatch)
+    notes = [f"Note {n}: the garden needs water." for n in (39, 38, 37)]
+    for newest, asked in ((8, 2), (4, 3)):  # the newest 64 hold current notes; the newest 32 do not
+        bound_ranked(monkeypatch, 10, newest=newest)
+        statements.clear()
+        assert keyword_answers(shelf, "garden", limit=3) == notes
+        ranked = [sql for sql in statements if "bm25(" in sql]
+        assert len(ranked) == asked and all("json_each" in sql for sql in ranked[:2])
+    assert "json_each" not in ranked[-1]  # every match ranked
     shelf.close()
 
 

@@ -155,9 +155,10 @@ RANKED = 500
 NEWEST_RANKED = 100
 """How many of a common term's newest matches a keyword query ranks (or its limit, if more)."""
 WIDER = 8
-"""When a common term's newest matches cannot be the answer (too few current, or the last hit less confident than a
-statement), a keyword query ranks this many times as many of them before it ranks every match: when too few were
-current, or when the statements among them, as many times over, would be enough."""
+"""When a common term's newest matches cannot be the answer, a keyword query ranks this many times as many of them
+where that may be enough: when too few were current, or when the statements among them, as many times over, would
+be enough. If that falls short, it ranks every match when too few were current, and otherwise the matches more
+confident than its last hit (keyword_search)."""
 
 _CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
@@ -249,10 +250,12 @@ class _Part(NamedTuple):
 
 
 class _Bound(NamedTuple):
-    """Which matches a keyword query ranks: the parts, each ranking rows none of the others does, and whether they
-    keep every match of the owner's (then what they rank is the answer)."""
+    """Which matches a keyword query ranks: the parts, each ranking rows none of the others does, whether they keep
+    every match of the owner's (then what they rank is the answer), and the query of every match, its terms matched
+    as the parts match them (a common term as its own word)."""
     parts: tuple[_Part, ...]
     complete: bool
+    every: str
 
 
 @dataclass
@@ -738,8 +741,16 @@ class SQLiteStore(SQLRecords):
         seen, at = view_condition(view, ts)
 
         def every() -> _Bound:  # every match ranked
-            return _Bound((_Part("", (), fts_query(terms, scope, with_context=not by_confidence,
-                                                   words_table=by_confidence)),), complete=True)
+            query = fts_query(terms, scope, with_context=not by_confidence, words_table=by_confidence)
+            return _Bound((_Part("", (), query),), True, query)
+
+        def in_order(rows: list) -> list:
+            """The best `limit` of rows ranked by separate statements, in the statements' order (stable sorts, the
+            last key first)."""
+            rows.sort(key=lambda r: (r[_CREATED], r[MEMORY_WIDTH + 1]), reverse=True)
+            rows.sort(key=(lambda r: (-r[_CONFIDENCE], r[MEMORY_WIDTH])) if by_confidence else
+                      (lambda r: r[MEMORY_WIDTH]))
+            return rows[:limit]
 
         def ranked(only: _Bound) -> list:
             rows = []
@@ -751,12 +762,7 @@ class SQLiteStore(SQLRecords):
                     f" AND (m.expires_at IS NULL OR m.expires_at > ?){seen}"
                     f" ORDER BY {order} LIMIT ?",
                     (query, *among, owner.tenant, owner.user, ts(now), *at, limit)).fetchall()
-            if len(only.parts) > 1:  # the parts' best, in the statements' order (a stable sort, last key first)
-                rows.sort(key=lambda r: (r[_CREATED], r[MEMORY_WIDTH + 1]), reverse=True)
-                rows.sort(key=(lambda r: (-r[_CONFIDENCE], r[MEMORY_WIDTH])) if by_confidence else
-                          (lambda r: r[MEMORY_WIDTH]))
-                del rows[limit:]
-            return rows
+            return in_order(rows) if len(only.parts) > 1 else rows
 
         def doubtful(ranked_only: _Bound | None, rows: list) -> bool:
             """Whether what the bound ranked may not hold the answer: too few of its rows are current, or an older
@@ -766,14 +772,22 @@ class SQLiteStore(SQLRecords):
 
         rows = ranked(bounded or every())
         if doubtful(bounded, rows):
-            # More of the common words' newest matches first, where they may hold enough statements (an owner whose
-            # memories are mostly learned has a few among the newest), then every match, as unbounded.
             stated = sum(row[_CONFIDENCE] >= MAX_CONFIDENCE for row in rows)
-            wider = bound(max(NEWEST_RANKED, limit) * WIDER) if len(rows) < limit or stated * WIDER >= limit \
-                else None
-            rows = ranked(wider or every())
-            if doubtful(wider, rows):
-                rows = ranked(every())
+            if len(rows) < limit or stated * WIDER >= limit:
+                # More of the newest matches: too few were current, or the statements among them, as many times
+                # over, would be enough (an owner whose memories are mostly learned has a few among the newest).
+                bounded = bound(max(NEWEST_RANKED, limit) * WIDER)
+                rows = ranked(bounded or every())
+            if doubtful(bounded, rows) and len(rows) < limit:
+                bounded, rows = None, ranked(every())
+        if bounded is not None and doubtful(bounded, rows):
+            # A full answer whose last hit is less confident than a statement: only a more confident match among
+            # the older ones can take its place, so those (few, for such an owner) are ranked among every match,
+            # and the best of both kept.
+            shown = {row[MEMORY_WIDTH + 1] for row in rows}
+            confident = _Part(" AND m.confidence > ?", (rows[-1][_CONFIDENCE],), bounded.every)
+            rows = in_order(rows + [row for row in ranked(_Bound((confident,), True, bounded.every))
+                                    if row[MEMORY_WIDTH + 1] not in shown])
         # bm25() is lower-is-better; report higher-is-better.
         return [Scored(_memory(r), -float(r[MEMORY_WIDTH])) for r in rows]
 
@@ -836,7 +850,7 @@ class SQLiteStore(SQLRecords):
             return fts_query(these, scope, not words_table, whole=as_words, words_table=words_table, also=also)
 
         if not picked:  # the owner has no match of any term (others in the tenant have)
-            return _Bound((_Part(" AND 0", (), query(terms)),), complete)
+            return _Bound((_Part(" AND 0", (), query(terms)),), complete, query(terms))
         start = min(starts, default=min(picked))
         old = [key for key in rare if key < start]
         # How many of the common terms' older matches one query would walk from the oldest rare match, estimated
@@ -850,7 +864,7 @@ class SQLiteStore(SQLRecords):
         tail = _Part(f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
                      (start, json.dumps(sorted(key for key in picked if key >= start))), query(terms))
         if start <= min(picked):
-            return _Bound((tail,), complete)
+            return _Bound((tail,), complete, query(terms))
         # The rarer terms' matches older than every common term's newest: ranked in the same statement, FTS5 would
         # walk each common term's every match from the oldest of them (5-20 ms at 100,000 memories). Instead, those
         # that also hold a common term are ranked by a query that needs both (FTS5 then skips through the common
@@ -864,7 +878,7 @@ class SQLiteStore(SQLRecords):
                          (both, oldest, start)).fetchone()[0]
         return _Bound((tail, _Part(within, (oldest, start), both),
                        _Part(f"{within} AND +{table}.rowid NOT IN (SELECT value FROM json_each(?))",
-                             (oldest, start, shared), query(others))), complete)
+                             (oldest, start, shared), query(others))), complete, query(terms))
 
     def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
         """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
