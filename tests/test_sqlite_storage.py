@@ -607,6 +607,44 @@ def test_an_owner_of_mostly_guesses_finds_its_statements_among_every_match(tmp_p
     shelf.close()
 
 
+def test_an_owner_of_guesses_alone_is_answered_from_the_newest_matches(tmp_path, monkeypatch):
+    """No memory of the owner has ever been more confident than its guesses: no older match can outrank the newest
+    ones, so they are the answer, in one statement. A confirmation raises what the owner holds: then the confirmed
+    memory is looked for among every match, and found first."""
+    bound_ranked(monkeypatch, 10, newest=4)
+    shelf = Shelf.open(tmp_path / "guesses.db", embedder=None)
+    notes = shelf.remember_many(KALEB, [{"topic": "home", "content": f"Note {n}: the garden needs water.",
+                                         "source": "inferred"} for n in range(60)])
+    statements = recorded_statements(shelf, monkeypatch)
+    newest = [f"Note {n}: the garden needs water." for n in (59, 58, 57)]
+    assert keyword_answers(shelf, "garden", limit=3) == newest
+    assert len([sql for sql in statements if "bm25(" in sql]) == 1
+    shelf.confirm(KALEB, notes[5].id)
+    statements.clear()
+    assert keyword_answers(shelf, "garden", limit=3) == ["Note 5: the garden needs water.", *newest[:2]]
+    assert ["m.confidence > ?" in sql for sql in statements if "bm25(" in sql] == [False, True]
+    shelf.forget(KALEB, notes[5].id)  # the owner's highest confidence stays (a deletion never lowers it): safe
+    assert keyword_answers(shelf, "garden", limit=3) == newest
+    shelf.close()
+
+
+def test_upgrading_counts_each_owners_most_confident_memory(tmp_path):
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    shelf.remember(KALEB, "home", "The garden gate sticks.")
+    shelf.remember(MAYA, "home", "Maya may like tulips.", source="mined")
+    store = shelf.store
+    with store.atomic():  # the file as m015 left it
+        store._q("DROP TRIGGER memories_most_confident")
+        store._q("ALTER TABLE owner_generation DROP COLUMN most_confident")
+        store._q("DELETE FROM memshelf_migrations WHERE name = 'm016_most_confident'")
+    shelf.close()
+    shelf = Shelf.open(db, embedder=None)
+    assert dict(shelf.store._q("SELECT user_id, most_confident FROM owner_generation").fetchall()) == {
+        "kaleb": 1.0, "maya": 0.6}
+    shelf.close()
+
+
 def test_too_few_current_newest_matches_rank_more_of_them_then_every_match(tmp_path, monkeypatch):
     """When the newest matches of a common word have mostly expired, WIDER times as many are ranked, then every
     match."""

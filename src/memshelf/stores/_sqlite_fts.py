@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 
 from ..keywords import index_text
+from ..model import MAX_CONFIDENCE
 from ._sqlite_lib import sqlite3
 
 TOKENIZER = "porter unicode61 remove_diacritics 2"
@@ -99,13 +100,16 @@ class TenantIndexes:
                 " WHERE tenant = ?) WHERE tenant = ?", (int(SECURE_DELETE), tenant, tenant))
         return words, context
 
-    def counted(self, owner_tenant: str, owner_user: str) -> tuple[str, str, int, int] | None:
+    def counted(self, owner_tenant: str, owner_user: str) -> tuple[str, str, int, int, float] | None:
         """The tenant's two tables, how many memories the owner has and how many the tenant has (the rows of its
-        tables), in one statement; None when the tenant has never stored a memory."""
-        row = self._q("SELECT words, context, (SELECT memories FROM owner_generation WHERE tenant = ? AND"
-                      " user_id = ?), rows FROM fts_tenants WHERE tenant = ?",
-                      (owner_tenant, owner_user, owner_tenant)).fetchone()
-        return None if row is None else (row[0], row[1], row[2] or 0, row[3])
+        tables), and the highest confidence the owner's memories have had (MAX_CONFIDENCE when unknown), in one
+        statement; None when the tenant has never stored a memory."""
+        row = self._q("SELECT fts_tenants.words, fts_tenants.context, g.memories, fts_tenants.rows, g.most_confident"
+                      " FROM fts_tenants"
+                      " LEFT JOIN owner_generation g ON g.tenant = fts_tenants.tenant AND g.user_id = ?"
+                      " WHERE fts_tenants.tenant = ?", (owner_user, owner_tenant)).fetchone()
+        return None if row is None else (row[0], row[1], row[2] or 0, row[3],
+                                         MAX_CONFIDENCE if row[4] is None else row[4])
 
     def _in_place(self, words: str, context: str, on: bool) -> None:
         """Turn FTS5's secure-delete on or off for a tenant's pair (stored in the tables' own settings)."""

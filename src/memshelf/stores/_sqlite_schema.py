@@ -339,4 +339,19 @@ CREATE TRIGGER owner_generation_rows_delete AFTER DELETE ON owner_generation WHE
     UPDATE fts_tenants SET rows = rows - old.memories WHERE tenant = old.tenant;
 END;
 """),
+    ("m016_most_confident", """
+-- most_confident: the highest confidence any of the owner's memories has had (a deletion does not lower it). When a
+-- keyword search's last hit is that confident, no older match can outrank it, so an owner whose memories are all
+-- learned is answered from a common word's newest matches as an owner of statements is (SQLiteStore.keyword_search).
+-- New rows raise it once per batch (SQLiteStore._count_added); a confirmation or a new observation, this trigger.
+ALTER TABLE owner_generation ADD COLUMN most_confident REAL;
+UPDATE owner_generation SET most_confident = (SELECT max(m.confidence) FROM memories m
+                                              WHERE m.tenant = owner_generation.tenant
+                                                AND m.user_id = owner_generation.user_id);
+CREATE TRIGGER memories_most_confident AFTER UPDATE OF confidence ON memories WHEN new.confidence > old.confidence
+BEGIN
+    UPDATE owner_generation SET most_confident = max(coalesce(most_confident, new.confidence), new.confidence)
+    WHERE tenant = new.tenant AND user_id = new.user_id;
+END;
+"""),
 ]

@@ -571,13 +571,16 @@ class SQLiteStore(SQLRecords):
                 f" AND {column} IN ({','.join('?' * len(chunk))})", (owner.tenant, owner.user, *chunk)))
         return found
 
-    def _count_added(self, owner: Owner, rows: int) -> None:
+    def _count_added(self, owner: Owner, rows: int, most_confident: float) -> None:
         """Count an owner's new rows in owner_generation (`appended` tells the cached vector matrix to fetch
-        them), once per batch, in the batch's transaction. Every insert into memories goes through here."""
+        them), and raise its most_confident to the batch's, once per batch, in the batch's transaction. Every
+        insert into memories goes through here."""
         if rows:
-            self._q("INSERT INTO owner_generation (tenant, user_id, appended, memories) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (tenant, user_id) DO UPDATE SET appended = appended + excluded.appended,"
-                    " memories = memories + excluded.memories", (owner.tenant, owner.user, rows, rows))
+            self._q("INSERT INTO owner_generation (tenant, user_id, appended, memories, most_confident)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id) DO UPDATE SET"
+                    " appended = appended + excluded.appended, memories = memories + excluded.memories,"
+                    " most_confident = max(coalesce(most_confident, excluded.most_confident),"
+                    " excluded.most_confident)", (owner.tenant, owner.user, rows, rows, most_confident))
 
     def _context(self, owner: Owner, topic: str, before: int) -> str:
         """The text of the CONTEXT_TURNS memories stored just before pk `before` by the same owner under the same
@@ -673,7 +676,7 @@ class SQLiteStore(SQLRecords):
         for key, model, blobs in pieces:
             self._put_pieces(key, model, blobs)
         self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], row[7], row[16]) for row in rows])
-        self._count_added(owner, len(rows))
+        self._count_added(owner, len(rows), max((row[9] for row in rows), default=MAX_CONFIDENCE))
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
@@ -726,7 +729,7 @@ class SQLiteStore(SQLRecords):
         counted = self._fts.counted(owner.tenant, owner.user)
         if counted is None:
             return []  # the tenant has never stored a memory
-        words, context, mine, tenant = counted
+        words, context, mine, tenant, most_confident = counted
         table, weights = (words, "1.0, 1.0, 0.0") if by_confidence else \
             (context, f"1.0, 1.0, 0.0, {float(CONTEXT_WEIGHT)!r}")
         order = "m.confidence DESC, rank, m.created_at DESC, m.pk DESC" if by_confidence else \
@@ -768,7 +771,7 @@ class SQLiteStore(SQLRecords):
             """Whether what the bound ranked may not hold the answer: too few of its rows are current, or an older
             match outside it may be more confident than the last hit."""
             return ranked_only is not None and not ranked_only.complete and (
-                len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < MAX_CONFIDENCE)
+                len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < most_confident)
 
         rows = ranked(bounded or every())
         if doubtful(bounded, rows):
