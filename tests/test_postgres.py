@@ -1022,6 +1022,33 @@ def test_the_keyword_statistics_are_gathered_once_per_query_not_once_per_hit(pg_
         assert len(found) == 10
 
 
+def test_an_owners_vector_dimensions_come_through_its_index_whatever_its_share_of_the_table(pg_fresh_url):
+    """Every vector search first reads the dimensions of the owner's vectors. For an owner holding half the table,
+    stored after the other half, a bare LIMIT 1 let the planner scan the table from the start (it expected a match
+    among the first rows): thousands of other rows read on every search. Through the owner index, a handful."""
+    store = PostgresStore(pg_fresh_url)
+    try:
+        rng = np.random.default_rng(3)
+        early, late = Owner("shared", "early"), Owner("shared", "late")
+        for owner in (early, late):
+            block = rng.normal(size=(3000, DIMS)).astype(np.float32)
+            items = [Memory(f"{owner.user}_{j}", "t", f"note {j} of {owner.user}", "stated", 1.0, T0,
+                            embed_model="test-48") for j in range(3000)]
+            store.import_memories(owner, items, [pack(v) for v in block])
+        with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+            conn.execute("ANALYZE memories")
+        with store._tenant(late.tenant) as cur:
+            plan = cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + pg_module.NEWEST_DIMENSIONS,
+                               (late.tenant, late.user, "test-48")).fetchone()[0]
+        nodes = _plan_nodes(plan[0]["Plan"])
+        scans = [node for node in nodes if "Scan" in node["Node Type"]]
+        assert [node.get("Index Name") for node in scans] == ["memories_owner_created"], scans
+        assert sum(node.get("Rows Removed by Filter", 0) for node in scans) == 0
+        assert store.vector_dimensions(late, "test-48") == DIMS
+    finally:
+        store.close()
+
+
 # ---------------------------------------------------------------- remember_many in a few statements
 def _rows(url: str, owner: Owner) -> list[tuple]:
     with psycopg.connect(url) as conn:
