@@ -879,8 +879,9 @@ class PostgresStore(SQLRecords):
                       now: datetime, view: View = CURRENT) -> list[Scored]:
         query = np.asarray(query, dtype=np.float32)
         dimensions = int(query.shape[0])
+        exact = self.exact_rows(limit)
         with self._tenant(owner.tenant) as cur:
-            stored, rows, pieced = self._owner_vector_shape(cur, owner, model, self.exact_rows(limit))
+            stored, rows, pieced = self._owner_vector_shape(cur, owner, model, exact)
             if stored is None:
                 return []
             if stored != dimensions:
@@ -892,7 +893,7 @@ class PostgresStore(SQLRecords):
             blob = Blob(query.astype("<f4").tobytes())
             indexed = "hnsw" in index_names(model, dimensions) and self._has_indexes(cur, model, dimensions, ("hnsw",))
             found = None
-            if rows > self.exact_rows(limit) and indexed:
+            if rows > exact and indexed:
                 found = self._approximate(cur, owner, model, blob, dimensions, limit, floor, now, view)
             if found is None:
                 found = self._exact(cur, owner, model, blob, dimensions, limit, floor, now, view)

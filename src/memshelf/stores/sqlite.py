@@ -188,6 +188,7 @@ _NEW_ROW = ("pk, id, tenant, user_id, topic, content, digest, owner_tag, source,
             " observations, expires_at, embedding, embed_model, context, superseded_at, superseded_by, confirmed_at,"
             " confirmed_from")
 """The columns a new row is written with (SQLiteStore._insert_rows), in the order its values are given."""
+_NEW_CONFIDENCE = _NEW_ROW.split(", ").index("confidence")
 
 
 PATCH_SHARE = 0.25
@@ -676,7 +677,7 @@ class SQLiteStore(SQLRecords):
         for key, model, blobs in pieces:
             self._put_pieces(key, model, blobs)
         self._fts.add_many(owner.tenant, [(row[0], row[4], row[5], row[7], row[16]) for row in rows])
-        self._count_added(owner, len(rows), max((row[9] for row in rows), default=MAX_CONFIDENCE))
+        self._count_added(owner, len(rows), max((row[_NEW_CONFIDENCE] for row in rows), default=MAX_CONFIDENCE))
 
     def memory_pieces(self, owner: Owner, ids: Sequence[str]) -> dict[str, list[bytes]]:
         found: dict[str, list[bytes]] = {}
