@@ -123,7 +123,10 @@ class PgServer:
 
             # Its data is thrown away: stop without the shutdown checkpoint.
             pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=self._server.pgdata, user=self._server.system_user)
-            self._server.cleanup_mode = "stop"  # its files go below, without holding up the run's end
+            # Stopped already, and its files go below, without holding up the run's end: cleanup() only lets go of
+            # the handle (asked to stop the server again, it found the postmaster still exiting and said "Failed
+            # to stop server, killing it instead").
+            self._server.cleanup_mode = None
             self._server.cleanup()
             self._server = None
         if self._data_dir is not None:
