@@ -187,6 +187,25 @@ def test_a_statement_supersedes_and_the_old_memory_stays_in_the_past(shelf, cloc
     assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["Kaleb works at Globex."]
 
 
+def test_moving_back_makes_the_old_memory_current_again(shelf, clock):
+    """Acme, then Globex, then back to Acme: the third statement repeats the first memory's text, which holds again
+    and closes Globex (before, the repeat stayed superseded by Globex and then closed Globex too: nothing current)."""
+    acme = shelf.remember(KALEB, "work", "Kaleb works at Acme.")
+    for thread, said, content, replaces in (("t1", "I work at Globex now.", "Kaleb works at Globex.", acme.id),
+                                            ("t2", "I am back at Acme.", "Kaleb works at Acme.", None)):
+        clock.advance(60)
+        shelf.log_message(KALEB, thread, "user", said)
+        current = replaces or shelf.list_memories(KALEB)[0][0].id
+        told = Scripted(lambda turns, c=content, r=current: [Proposal("supersede", "stated", (turns[0].id,),
+                                                                       topic="work", content=c, replaces=r)])
+        [applied] = shelf.learn(KALEB, thread=thread, extractor=told).applied
+        assert applied.op == "supersede", applied.reason
+    assert [h.memory.content for h in shelf.search(KALEB, "Kaleb works")] == ["Kaleb works at Acme."]
+    assert shelf.get(KALEB, acme.id).superseded_at is None
+    [globex] = [m for m in shelf.list_memories(KALEB, include_superseded=True)[0] if "Globex" in m.content]
+    assert globex.superseded_by == acme.id
+
+
 @pytest.mark.parametrize("mode", ["semantic", "hybrid"])
 def test_meaning_search_skips_a_superseded_memory_too(open_shelf, clock, mode):
     """Vector search as well as keywords: on SQLite the owner's cached vector matrix is refreshed when a memory is

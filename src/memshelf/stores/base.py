@@ -32,6 +32,8 @@ class Observation:
     confidence: float
     expires_at: datetime | None
     replace_vector: bool
+    reopen: bool = False
+    """The row was superseded and the repeat makes it current again (superseded_at and superseded_by cleared)."""
 
 
 BACKFILL_ADVICE = "give the new model a distinct name, then run backfill to embed the memories with it"
@@ -50,9 +52,14 @@ CONTEXT_TURNS = 2
 search also ranks it by (BENCHMARKS.md, LoCoMo)."""
 
 
-def observe_again(old: Memory, item: NewMemory, now: datetime) -> Observation:
+def observe_again(old: Memory, item: NewMemory, now: datetime, *, successor: Memory | None = None) -> Observation:
     """The dedup rule every backend applies: keep the stronger source, keep the later expiry (None is never),
-    revive an expired row with the new expiry, and take the new vector only if it is of another model."""
+    revive an expired row with the new expiry, and take the new vector only if it is of another model.
+
+    A superseded row is made current again by a repeat at least as confident as the memory that superseded it
+    (`successor`: the owner's memory named by old.superseded_by, None when there is no such memory any more): the
+    text was said again, so it holds again. A weaker repeat leaves it closed, so a guess never undoes what replaced a
+    statement."""
     stronger = item.confidence > old.confidence
     if old.expires_at is not None and old.expires_at <= now:
         expires = item.expires_at
@@ -60,8 +67,9 @@ def observe_again(old: Memory, item: NewMemory, now: datetime) -> Observation:
         expires = None
     else:
         expires = max(old.expires_at, item.expires_at)
+    reopen = old.superseded_at is not None and (successor is None or item.confidence >= successor.confidence)
     return Observation(item.source if stronger else old.source, max(item.confidence, old.confidence), expires,
-                       item.vector is not None and old.embed_model != item.embed_model)
+                       item.vector is not None and old.embed_model != item.embed_model, reopen)
 
 
 @dataclass(frozen=True, slots=True)

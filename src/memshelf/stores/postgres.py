@@ -698,7 +698,7 @@ class PostgresStore(SQLRecords):
                     if key not in current:
                         raise StoreError("a memory vanished while it was being observed again: retry the write")
                     pk, memory = current[key]
-                    current[key] = pk, self._observe_again(cur, pk, memory, item, now)
+                    current[key] = pk, self._observe_again(cur, owner, pk, memory, item, now)
                 stored.append(current[key][1])
         return stored
 
@@ -709,13 +709,19 @@ class PostgresStore(SQLRecords):
             f"SELECT m.pk, {MEMORY_COLUMNS}, m.digest FROM memories m WHERE {_OWNER} AND m.digest = ANY(%s)"
             " ORDER BY m.pk FOR UPDATE", (owner.tenant, owner.user, list(dict.fromkeys(keys)))).fetchall())
 
-    def _observe_again(self, cur: psycopg.Cursor, pk: int, memory: Memory, item: NewMemory,
+    def _observe_again(self, cur: psycopg.Cursor, owner: Owner, pk: int, memory: Memory, item: NewMemory,
                        now: datetime) -> Memory:
-        seen = observe_again(memory, item, now)
+        successor = None
+        if memory.superseded_by is not None:
+            found = cur.execute(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {_OWNER} AND m.id = %s",
+                                (owner.tenant, owner.user, memory.superseded_by)).fetchone()
+            successor = None if found is None else _memory(found)
+        seen = observe_again(memory, item, now, successor=successor)
         updated = cur.execute(
             "UPDATE memories AS m SET observations = observations + 1, last_seen = %s, expires_at = %s,"
             " source = %s, confidence = %s"
             + (", embedding = %s, embed_model = %s" if seen.replace_vector else "")
+            + (", superseded_at = NULL, superseded_by = NULL" if seen.reopen else "")
             + f" WHERE pk = %s RETURNING {MEMORY_COLUMNS}",
             (now, seen.expires_at, seen.source, seen.confidence,
              *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), pk)).fetchone()

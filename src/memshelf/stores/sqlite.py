@@ -539,7 +539,7 @@ class SQLiteStore(SQLRecords):
                 row = self._q(f"SELECT m.pk, {MEMORY_COLUMNS} FROM memories m "
                               "WHERE m.tenant = ? AND m.user_id = ? AND m.digest = ?",
                               (owner.tenant, owner.user, key)).fetchone()
-                self._observe_again(row, item, now)
+                self._observe_again(owner, row, item, now)
                 stored[at] = _memory(self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.pk = ?",
                                              (row[0],)).fetchone())
         return [memory for memory in stored if memory is not None]
@@ -619,11 +619,18 @@ class SQLiteStore(SQLRecords):
                 self._q("UPDATE memories SET context = ? WHERE pk = ?", (new, follower))
                 self._fts.replace_context(tenant, follower, topic, content, tag, old, new)
 
-    def _observe_again(self, row: Sequence, item: NewMemory, now: datetime) -> None:
-        seen = observe_again(_memory(row[1:]), item, now)
+    def _observe_again(self, owner: Owner, row: Sequence, item: NewMemory, now: datetime) -> None:
+        memory = _memory(row[1:])
+        successor = None
+        if memory.superseded_by is not None:
+            found = self._q(f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.tenant = ? AND m.user_id = ?"
+                            " AND m.id = ?", (owner.tenant, owner.user, memory.superseded_by)).fetchone()
+            successor = None if found is None else _memory(found)
+        seen = observe_again(memory, item, now, successor=successor)
         self._q(
             "UPDATE memories SET observations = observations + 1, last_seen = ?, expires_at = ?, source = ?,"
-            " confidence = ?" + (", embedding = ?, embed_model = ?" if seen.replace_vector else "") + " WHERE pk = ?",
+            " confidence = ?" + (", embedding = ?, embed_model = ?" if seen.replace_vector else "")
+            + (", superseded_at = NULL, superseded_by = NULL" if seen.reopen else "") + " WHERE pk = ?",
             (ts(now), ts(seen.expires_at), seen.source, seen.confidence,
              *((item.vector, item.embed_model) if seen.replace_vector else ()), row[0]))
         if seen.replace_vector:

@@ -641,6 +641,32 @@ def test_a_superseded_memory_cannot_be_confirmed(shelf, clock):
     assert shelf.get(KALEB, old.id).source == "inferred"
 
 
+def test_a_superseded_memory_said_again_holds_again(shelf, clock):
+    """Confirm's advice for a superseded memory: remember its text again. A repeat at least as confident as what
+    replaced it makes it current again; a weaker one is counted, and it stays closed."""
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined")
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.", "mined")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    guessed = shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "inferred")
+    assert (guessed.id, guessed.superseded_by, guessed.observations) == (old.id, new.id, 2)
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Lisbon."]
+    clock.advance(5)
+    said = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    assert (said.id, said.superseded_at, said.superseded_by, said.source) == (old.id, None, None, "stated")
+    assert sorted(contents(shelf.search(KALEB, "Kaleb lives"))) == ["Kaleb lives in Lisbon.", "Kaleb lives in Porto."]
+    assert shelf.confirm(KALEB, old.id).superseded_at is None
+
+
+def test_a_repeat_does_not_reopen_what_a_statement_replaced(shelf, clock):
+    old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined")
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
+    assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined").superseded_by == new.id
+    shelf.forget(KALEB, new.id)  # what replaced it is gone: nothing outranks the repeat now
+    assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined").superseded_at is None
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Porto."]
+
+
 def test_an_expiry_can_be_set_moved_and_removed(shelf, clock):
     memory = shelf.remember(KALEB, "network", "The guest Wi-Fi password is tulip.", ttl=60)
     assert shelf.set_expiry(KALEB, memory.id, ttl=3600).expires_at == shelf.now() + timedelta(seconds=3600)
