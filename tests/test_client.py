@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from memshelf import (AsyncClient, Client, ConfigError, Conflict, InvalidInput, Memory, NotFound, Owner, Shelf,
-                      StoreUnavailable, UnknownSource)
+from memshelf import (AsyncClient, Client, ConfigError, Conflict, Erased, InvalidInput, Memory, NotFound, Owner,
+                      Shelf, StoreUnavailable, UnknownSource)
 from memshelf.server import create_app
 from test_server import LiveServer, free_port
 
@@ -126,6 +126,30 @@ def test_errors_are_the_shelfs_exceptions_with_the_servers_advice(served: Served
         nowhere.search(owner, "printer")
     with pytest.raises(ConfigError, match="http://"):
         Client("127.0.0.1:8077", served.secret)
+
+
+def test_a_slash_inside_an_id_stays_inside_it(served: Served) -> None:
+    """Ids with "/" (or "%") reach their own records: the server decoded "%2F" before routing, so a user
+    "kaleb/facts/x" was routed to kaleb's fact "x", and erasing that user erased the fact."""
+    kaleb, odd = Owner(TENANT, "kaleb"), Owner(TENANT, "kaleb/facts/x")
+    with Client(served.url, served.secret) as client:
+        client.set_fact(kaleb, "x", "keep")
+        assert client.forget_user(odd) == Erased()
+        assert served.shelf.get_fact(kaleb, "x").value == "keep"  # untouched
+        slashed = Owner(TENANT, "team/a%2Fb 50%")
+        memory = client.remember(slashed, "office", "The printer is on 192.168.1.40.")
+        assert [h.memory.id for h in client.search(slashed, "printer", mode="keyword")] == [memory.id]
+        assert served.shelf.get(slashed, memory.id) == memory
+        assert client.set_fact(slashed, "notes/2026", "kept").value == "kept"
+        assert [c.value for c in client.fact_history(slashed, "notes/2026")] == ["kept"]
+        assert client.fact_history(slashed, "notes") == []  # no fact "notes": not the history of "notes/2026"
+        client.set_fact(kaleb, "home", "Porto")
+        with pytest.raises(NotFound):
+            client.get_fact(kaleb, "home/history")
+        client.log_message(slashed, "support/42", "user", "Where is the printer?")
+        assert client.forget_thread(slashed, "support/42").messages == 1
+        assert client.forget_user(slashed).memories == 1
+        assert served.shelf.facts(slashed) == [] and served.shelf.get_fact(kaleb, "home").value == "Porto"
 
 
 def test_the_iterators_reach_every_record(served: Served) -> None:

@@ -754,6 +754,14 @@ def test_oversized_body_is_413(acme: httpx.Client) -> None:
                  413, "payload_too_large")
 
 
+def test_only_an_import_gets_the_import_limit(acme: httpx.Client) -> None:
+    """The 64 MiB limit is POST .../import's: a fact named "import" (or a user "x/import") has the usual one."""
+    over = json.dumps({"value": "x" * (MAX_BODY_BYTES + 10)}).encode()
+    for path in ("/v1/users/u/facts/import", "/v1/users/x%2Fimport/facts/k"):
+        assert_error(acme.put(path, content=over, headers={"Content-Type": "application/json"}),
+                     413, "payload_too_large")
+
+
 def test_oversized_chunked_body_without_length_is_413(acme: httpx.Client) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"topic": "a", "content": "'

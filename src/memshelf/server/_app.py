@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from ..shelf import Shelf
 from ._deps import MAX_LIST_LIMIT
 from ._errors import ERROR_RESPONSES, install_error_handlers
-from ._middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, body_limit_for
+from ._middleware import MAX_BODY_BYTES, MAX_IMPORT_BYTES, ApiKeyAuth, BodyLimit, EncodedSlashes, body_limit_for
 from ._proxy import UPSTREAM_ENV, Upstream, proxy_router
 from ._routers import ROUTERS
 from ._schemas import DECLARED_SOURCES, MAX_BATCH, MAX_SEARCH_LIMIT
@@ -82,6 +82,7 @@ def create_app(shelf: Shelf | Callable[[], Shelf] | None = None, *, target: str 
         app.router.routes.append(Route("/mcp", mcp_endpoint, include_in_schema=False))  # an ASGI app: any method
     app.add_middleware(BodyLimit, limit_for=body_limit_for)
     app.add_middleware(ApiKeyAuth, shelf=opened)
+    app.add_middleware(EncodedSlashes)  # outermost: the key check and the body limit see the path routed
     return app
 
 

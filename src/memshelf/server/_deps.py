@@ -8,17 +8,21 @@ import functools
 import inspect
 from typing import Annotated, Any, TypeVar
 from collections.abc import Callable, Sequence
+from urllib.parse import unquote
 
 from fastapi import Depends, Path, Query, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Match
+from starlette.types import Scope
 
 from ..errors import InvalidInput
 from ..model import Owner
 from ..shelf import Shelf
 from ..stores.base import ApiKey
 from ._errors import KEY_HINT, ApiError
+from ._middleware import SEGMENTS_KEPT
 from ._schemas import IDENTIFIER
 
 __all__ = ["KEY_SECURITY", "MAX_LIST_LIMIT", "AdminDep", "Cursor", "ListLimit", "OwnerDep", "ShelfDep", "TenantDep",
@@ -50,6 +54,14 @@ class WorkerRoute(APIRoute):
         if not inspect.iscoroutinefunction(endpoint):
             endpoint = _in_worker(endpoint)
         super().__init__(path, endpoint, **options)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        """As APIRoute's; when EncodedSlashes kept a segment's "/" encoded, the parameters are decoded here."""
+        match, child = super().matches(scope)
+        if match != Match.NONE and scope.get(SEGMENTS_KEPT) and "path_params" in child:
+            child["path_params"] = {name: unquote(value) if isinstance(value, str) else value
+                                    for name, value in child["path_params"].items()}
+        return match, child
 
 
 def _in_worker(endpoint: Callable[..., Any]) -> Callable[..., Any]:

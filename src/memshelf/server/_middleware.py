@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import TYPE_CHECKING
 from collections.abc import Callable
+from urllib.parse import unquote
 
 import anyio
 from fastapi.responses import JSONResponse
@@ -17,8 +19,8 @@ from ._errors import KEY_HINT, UNAUTHORIZED, error_response, memshelf_error_resp
 if TYPE_CHECKING:
     from ..shelf import Shelf
 
-__all__ = ["MAX_BODY_BYTES", "MAX_CHAT_BYTES", "MAX_IMPORT_BYTES", "MCP_PATH", "ApiKeyAuth", "BodyLimit",
-           "bearer_secret", "body_limit_for", "is_mcp"]
+__all__ = ["MAX_BODY_BYTES", "MAX_CHAT_BYTES", "MAX_IMPORT_BYTES", "MCP_PATH", "SEGMENTS_KEPT", "ApiKeyAuth",
+           "BodyLimit", "EncodedSlashes", "bearer_secret", "body_limit_for", "is_mcp", "kept_segments"]
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body (1 MiB). Larger ones get 413; split a big batch into several requests."""
@@ -29,6 +31,42 @@ MAX_CHAT_BYTES = 32 << 20
 MCP_PATH = "/mcp"
 _PROTECTED = ("/v1/", MCP_PATH)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+SEGMENTS_KEPT = "memshelf.segments_kept"
+"""Set in a request's scope when EncodedSlashes rewrote its path: the route's parameters are then percent-decoded
+(server/_deps.py, WorkerRoute)."""
+_IMPORT = re.compile(r"/v1/users/[^/]+/import")
+
+
+class EncodedSlashes:
+    """Keeps a "/" that a client percent-encoded inside a path segment there, so the segment still names one record.
+
+    The server decodes a request's path before routing, so a user id "kaleb/facts/x" sent as
+    /v1/users/kaleb%2Ffacts%2Fx was routed as the fact "x" of user "kaleb" (DELETE erased that fact). When a /v1/
+    path holds an encoded slash, its routing path is made from the raw path, each segment decoded and then its "%"
+    and "/" encoded again; WorkerRoute decodes the route's parameters, so they are the ids as the client sent them.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and b"%2" in raw and scope["path"].startswith("/v1/"):
+            kept = kept_segments(raw)
+            if kept is not None:
+                scope = {**scope, "path": kept, SEGMENTS_KEPT: True}
+        await self.app(scope, receive, send)
+
+
+def kept_segments(raw: bytes) -> str | None:
+    """The routing path of a raw request path with encoded slashes (None when it has none): its segments decoded
+    as the server decodes a path, each with "%" and "/" encoded again."""
+    if b"%2f" not in raw.lower():
+        return None
+    return "/".join(unquote(segment).replace("%", "%25").replace("/", "%2F")
+                    for segment in raw.decode("latin-1").split("/"))
 
 
 def bearer_secret(headers: Headers) -> str | None:
@@ -151,6 +189,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 def body_limit_for(path: str) -> int:
-    if path.endswith("/import"):
+    if _IMPORT.fullmatch(path):  # POST /v1/users/{user}/import, not any path that ends so (a fact named "import")
         return MAX_IMPORT_BYTES
     return MAX_CHAT_BYTES if path == "/v1/chat/completions" else MAX_BODY_BYTES
