@@ -34,6 +34,9 @@ class Observation:
     replace_vector: bool
     reopen: bool = False
     """The row was superseded and the repeat makes it current again (superseded_at and superseded_by cleared)."""
+    revived: bool = False
+    """The row had expired: it is gone for every read, so its provenance starts again from the repeat's (source and
+    confidence the repeat's, confirmed_at and confirmed_from cleared)."""
 
 
 BACKFILL_ADVICE = "give the new model a distinct name, then run backfill to embed the memories with it"
@@ -54,22 +57,25 @@ search also ranks it by (BENCHMARKS.md, LoCoMo)."""
 
 def observe_again(old: Memory, item: NewMemory, now: datetime, *, successor: Memory | None = None) -> Observation:
     """The dedup rule every backend applies: keep the stronger source, keep the later expiry (None is never),
-    revive an expired row with the new expiry, and take the new vector only if it is of another model.
+    revive an expired row with the new expiry and the repeat's provenance (an expired statement repeated by a guess
+    is a guess), and take the new vector only if it is of another model.
 
     A superseded row is made current again by a repeat at least as confident as the memory that superseded it
     (`successor`: the owner's memory named by old.superseded_by, None when there is no such memory any more): the
     text was said again, so it holds again. A weaker repeat leaves it closed, so a guess never undoes what replaced a
     statement."""
-    stronger = item.confidence > old.confidence
-    if old.expires_at is not None and old.expires_at <= now:
+    revived = old.expires_at is not None and old.expires_at <= now
+    stronger = revived or item.confidence > old.confidence
+    if revived:
         expires = item.expires_at
     elif old.expires_at is None or item.expires_at is None:
         expires = None
     else:
         expires = max(old.expires_at, item.expires_at)
     reopen = old.superseded_at is not None and (successor is None or item.confidence >= successor.confidence)
-    return Observation(item.source if stronger else old.source, max(item.confidence, old.confidence), expires,
-                       item.vector is not None and old.embed_model != item.embed_model, reopen)
+    return Observation(item.source if stronger else old.source,
+                       item.confidence if stronger else old.confidence, expires,
+                       item.vector is not None and old.embed_model != item.embed_model, reopen, revived)
 
 
 @dataclass(frozen=True, slots=True)

@@ -722,6 +722,7 @@ class PostgresStore(SQLRecords):
             " source = %s, confidence = %s"
             + (", embedding = %s, embed_model = %s" if seen.replace_vector else "")
             + (", superseded_at = NULL, superseded_by = NULL" if seen.reopen else "")
+            + (", confirmed_at = NULL, confirmed_from = NULL" if seen.revived else "")
             + f" WHERE pk = %s RETURNING {MEMORY_COLUMNS}",
             (now, seen.expires_at, seen.source, seen.confidence,
              *((Blob(item.vector or b""), item.embed_model) if seen.replace_vector else ()), pk)).fetchone()

@@ -630,7 +630,8 @@ class SQLiteStore(SQLRecords):
         self._q(
             "UPDATE memories SET observations = observations + 1, last_seen = ?, expires_at = ?, source = ?,"
             " confidence = ?" + (", embedding = ?, embed_model = ?" if seen.replace_vector else "")
-            + (", superseded_at = NULL, superseded_by = NULL" if seen.reopen else "") + " WHERE pk = ?",
+            + (", superseded_at = NULL, superseded_by = NULL" if seen.reopen else "")
+            + (", confirmed_at = NULL, confirmed_from = NULL" if seen.revived else "") + " WHERE pk = ?",
             (ts(now), ts(seen.expires_at), seen.source, seen.confidence,
              *((item.vector, item.embed_model) if seen.replace_vector else ()), row[0]))
         if seen.replace_vector:

@@ -176,6 +176,19 @@ def test_observing_an_expired_memory_again_revives_it(shelf, clock):
     assert contents(shelf.search(KALEB, "wifi")) == ["The guest wifi password is tulip42."]
 
 
+def test_an_expired_statement_repeated_by_a_guess_comes_back_as_a_guess(shelf, clock):
+    """An expired memory is gone for every read, so a repeat revives it with the repeat's provenance: a guess of
+    what the user once said is a guess, not a statement (before, it came back stated and never expiring)."""
+    said = shelf.remember(KALEB, "guest", "The guest wifi password is tulip42.", "mined", ttl=10)
+    assert shelf.confirm(KALEB, said.id).confirmed_at is not None  # the user vouched: stated
+    clock.advance(20)
+    guessed = shelf.remember(KALEB, "guest", "The guest wifi password is tulip42.", "inferred", ttl=60)
+    later = shelf.now() + timedelta(seconds=60)
+    assert (guessed.id, guessed.source, guessed.expires_at) == (said.id, "inferred", later)
+    assert (guessed.confidence, guessed.confirmed_at) == (shelf.sources["inferred"], None)
+    assert [h.memory.source for h in shelf.search(KALEB, "wifi")] == ["inferred"]
+
+
 # ---------------------------------------------------------------- keyword search
 def test_prefix_matching_finds_longer_words(shelf):
     shelf.remember(KALEB, "office", "Both printers are out of toner.")
