@@ -472,6 +472,21 @@ def test_http_user_may_come_from_the_query_and_the_header_wins(http: tuple[str, 
     assert [m["content"] for m in listed] == [f"{stored_for} sits by the window."]
 
 
+def test_http_a_non_ascii_user_header_names_that_user(http: tuple[str, dict[str, str]]) -> None:
+    """The header's bytes were read as Latin-1: "Zoë" sent as UTF-8 wrote to a user "ZoÃ«". Bytes that are not
+    UTF-8 are refused with what to do instead."""
+    url, secrets = http
+    call_body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                 "params": {"name": "remember", "arguments": {"topic": "t", "content": "Zoë likes chess."}}}
+    headers = {**bearer(secrets["acme"]), "Accept": "application/json, text/event-stream"}
+    sent = httpx.post(url + "/mcp", json=call_body, headers={**headers, "X-Memshelf-User": "Zoë".encode()}, timeout=30)
+    assert sent.status_code == 200, sent.text
+    listed = httpx.get(f"{url}/v1/users/Zo%C3%AB/memories", headers=bearer(secrets["acme"])).json()["items"]
+    assert [m["content"] for m in listed] == ["Zoë likes chess."]
+    refused = httpx.post(url + "/mcp", json=call_body, headers={**headers, "X-Memshelf-User": b"Zo\xeb"}, timeout=30)
+    assert refused.status_code == 422 and "not UTF-8" in refused.json()["error"]["message"]
+
+
 # ---------------------------------------------------------------------------------------------- schemathesis
 
 def probe_operation(operation: Any, url: str, key: str, failures: list[str]) -> None:

@@ -290,6 +290,10 @@ def test_errors_say_what_to_do(proxy: Proxy) -> None:
                                      {"type": "image_url", "image_url": {"url": picture}}]}])
     assert with_image.choices[0].message.content == ANSWER
     assert proxy.upstream.received[-1]["messages"][-1]["content"][1]["image_url"]["url"] == picture
+    latin1 = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "tiny", "messages": [
+        {"role": "user", "content": "Hi."}]}, headers={"Authorization": f"Bearer {proxy.secret}",
+                                                      "X-Memshelf-User": b"Zo\xeb"})
+    assert latin1.status_code == 400 and "not UTF-8" in latin1.json()["error"]["message"]
     empty = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "tiny", "messages": []},
                        headers={"Authorization": f"Bearer {proxy.secret}", "X-Memshelf-User": "kaleb"})
     assert empty.status_code == 422 and '"messages"' in empty.json()["error"]["message"]

@@ -36,6 +36,7 @@ from .learning.base import Plan, Proposal
 from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, SOURCES_EXAMPLE, Fact,
                     Hit, Memory, Message, Owner, ROLES, sources_from_text)
 from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem
+from .server._middleware import text_header
 from .shelf import Shelf
 
 MAX_RECALL = 20
@@ -517,8 +518,9 @@ class McpEndpoint:
             return error_response(403, "forbidden", ("admin keys cannot use the memory tools: use a key bound "
                                                       f"to a tenant; {KEY_HINT}"), rpc=True)
         # The header wins over ?user= (README): a client config's fixed header is not overridden by a URL.
-        user = Headers(scope=scope).get(USER_HEADER) or QueryParams(scope.get("query_string", b"")).get("user")
         try:
+            user = text_header(Headers(scope=scope), USER_HEADER) or \
+                QueryParams(scope.get("query_string", b"")).get("user")
             if not user:
                 raise MemshelfError(f"no user: send the {USER_HEADER} header (or ?user=) naming whose memory "
                                     "the tools act on")

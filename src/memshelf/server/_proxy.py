@@ -25,11 +25,12 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from ..errors import ConfigError, MemshelfError
+from ..errors import ConfigError, InvalidInput, MemshelfError
 from ..model import Owner
 from ..shelf import Shelf
 from ._deps import KEY_SECURITY, TenantDep, checked_key, tenant_of
 from ._errors import ApiError
+from ._middleware import text_header
 
 __all__ = ["DEFAULT_THREAD", "THREAD_HEADER", "UPSTREAM_ENV", "UPSTREAM_KEY_ENV", "Upstream", "proxy_router"]
 
@@ -124,7 +125,7 @@ def proxy_router(upstream: Upstream, shelf: Shelf) -> APIRouter:
         tenant = tenant_of(checked_key(request))
         body = await _chat_body(request)
         owner = Owner(tenant, _user_of(request, body))
-        thread = request.headers.get(THREAD_HEADER) or DEFAULT_THREAD
+        thread = _header(request, THREAD_HEADER) or DEFAULT_THREAD
         said = _last_user_text(body["messages"])
         memory = await run_in_threadpool(shelf.build_prompt, "", owner, said) if said.strip() else ""
         if memory:
@@ -211,8 +212,15 @@ async def _chat_body(request: Request) -> dict[str, Any]:
     return body
 
 
+def _header(request: Request, name: str) -> str | None:
+    try:
+        return text_header(request.headers, name)
+    except InvalidInput as exc:
+        raise ApiError(400, "invalid_input", str(exc)) from None
+
+
 def _user_of(request: Request, body: dict[str, Any]) -> str:
-    user = request.headers.get(USER_HEADER) or body.get("user")
+    user = _header(request, USER_HEADER) or body.get("user")
     if not isinstance(user, str) or not user.strip():
         raise ApiError(400, "missing_user", f"whose memory? send the user as the request's \"user\" field (user= "
                                             f"in the openai client) or the {USER_HEADER} header")
