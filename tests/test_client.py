@@ -152,6 +152,17 @@ def test_a_slash_inside_an_id_stays_inside_it(served: Served) -> None:
         assert served.shelf.facts(slashed) == [] and served.shelf.get_fact(kaleb, "home").value == "Porto"
 
 
+def test_an_import_counts_what_it_added_as_the_shelf_does(served: Served) -> None:
+    taught, embedded, remote = Owner(TENANT, "ines"), Owner(TENANT, "joao"), Owner(TENANT, "rui")
+    served.shelf.learn(taught, [{"role": "user", "content": "I live in Porto.", "id": "turn-7"}])
+    exported = list(served.shelf.export(taught))
+    with Client(served.url, served.secret) as client:
+        assert client.import_(remote, exported) == served.shelf.import_(embedded, exported) == {
+            "memories": 0, "facts": 1, "messages": 0, "evidence": 1}
+        assert client.import_(remote, [r for r in exported if r["kind"] != "evidence"]) == {
+            "memories": 0, "facts": 0, "messages": 0}
+
+
 def test_the_iterators_reach_every_record(served: Served) -> None:
     owner, copy = Owner(TENANT, "bulk"), Owner(TENANT, "bulk-copy")
     with Client(served.url, served.secret) as client:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import pytest
 from fakes import HashEmbedder
 
-from memshelf import ExtractorError, MemshelfError, Owner, Proposal, Shelf
+from memshelf import ExtractorError, InvalidInput, MemshelfError, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, Known, Turn
 from memshelf.learning import _decide
 from memshelf.migrate import migrate
@@ -277,6 +277,31 @@ def test_turns_passed_directly_touch_no_watermark(shelf):
     assert [(e.message_id, e.thread) for e in shelf.evidence(KALEB, key="home_city")] == [("x1", None)]
 
 
+def test_what_turns_with_their_own_ids_taught_exports_and_imports(shelf):
+    """The evidence of a turn given with the caller's id names that id; an import refused it as "not an id memshelf
+    makes", so no export of such an owner could be imported."""
+    said = datetime(2025, 5, 18, 9, 0, tzinfo=UTC)
+    shelf.learn(KALEB, [{"role": "user", "content": "I live in Porto.", "id": "m1", "at": said.isoformat()},
+                        {"role": "user", "content": "Remember that the spare key is under the mat.", "id": 7}])
+    exported = records(shelf)
+    assert {(r["message_id"], r["said_at"]) for r in exported if r["kind"] == "evidence"} == {
+        ("m1", "2025-05-18T09:00:00.000000+00:00"), ("7", None)}
+    counts = shelf.import_(MAYA, exported)
+    assert counts["evidence"] == 2
+    assert [(e.message_id, e.said_at) for e in shelf.evidence(MAYA, key="home_city")] == [("m1", said)]
+
+
+@pytest.mark.parametrize("turn, says", [
+    ({"id": "a\x00b"}, "control characters"), ({"id": ""}, "empty"), ({"id": "x" * 201}, "limit"),
+    ({"at": "tomorrow"}, "not an ISO 8601 time"), ({"at": datetime(2026, 5, 18)}, "naive"),
+    ({"at": "2026-05-18T09:00:00"}, "naive"), ({"at": datetime(2999, 1, 1, tzinfo=UTC)}, "in the future"),
+    ({"at": 1716000000}, "must be a datetime")])
+def test_a_turns_id_and_time_are_checked_as_an_import_checks_them(shelf, turn, says):
+    with pytest.raises(InvalidInput, match=says):
+        shelf.learn(KALEB, [{"role": "user", "content": "I live in Porto.", **turn}])
+    assert shelf.facts(KALEB) == []
+
+
 def test_a_turn_with_a_role_no_chat_api_has_is_refused_before_anything_is_learned(shelf):
     turns = [{"role": "User", "content": "I live in Porto."}, {"role": "human", "content": "I live in Lisbon."}]
     with pytest.raises(MemshelfError, match="role 'human' is not one of user, assistant, system, developer, tool"):
@@ -291,18 +316,18 @@ def test_a_turn_with_a_role_no_chat_api_has_is_refused_before_anything_is_learne
 def test_turns_passed_without_ids_are_cited_by_position_and_their_dates_resolve(shelf):
     """The issue's own call: turns with a time but no id. Each proposal cites its turn by position ("turn-2"), so
     a relative date resolves against when that turn was said; no evidence row is written, as no message has it."""
-    said = datetime(2026, 5, 18, 9, 0, tzinfo=UTC)
+    said = datetime(2025, 5, 18, 9, 0, tzinfo=UTC)
     plan = shelf.learn(KALEB, [{"role": "user", "content": "I moved to Lisbon last spring.", "at": said},
                                {"role": "user", "content": "Remember that my dentist appointment is tomorrow.",
                                 "at": said + timedelta(days=3)}], extractor="rules", dry_run=True)
     assert [(p.op, p.evidence, p.at) for p in plan.proposals] == [
         ("set_fact", ("turn-1",), said), ("remember", ("turn-2",), said + timedelta(days=3))]
-    assert plan.proposals[1].content == "My dentist appointment is tomorrow (2026-05-22)"
+    assert plan.proposals[1].content == "My dentist appointment is tomorrow (2025-05-22)"
     assert shelf.facts(KALEB) == [] and shelf.search(KALEB, "dentist") == []  # a dry run writes nothing
     shelf.learn(KALEB, [{"role": "user", "content": "Remember that my dentist appointment is tomorrow.",
                          "at": said}, {"role": "user", "content": "I live in Porto.", "id": "turn-1"}])
     [hit] = shelf.search(KALEB, "dentist")
-    assert hit.memory.content == "My dentist appointment is tomorrow (2026-05-19)"
+    assert hit.memory.content == "My dentist appointment is tomorrow (2025-05-19)"
     assert shelf.evidence(KALEB, memory_id=hit.memory.id) == []  # position ids are never written as evidence
     assert [e.message_id for e in shelf.evidence(KALEB, key="home_city")] == ["turn-1"]  # the caller's own id
 

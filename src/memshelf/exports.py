@@ -24,7 +24,7 @@ import numpy as np
 from .errors import InvalidInput
 from ._ids import is_id, new_id
 from .model import (EARLIEST, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Memory,
-                    Message, Owner, Sources, check_text, check_topic, check_when, resolve_expiry)
+                    Message, Owner, Sources, check_identifier, check_text, check_topic, check_when, resolve_expiry)
 from .stores.base import Evidence, Mark, Store
 
 EXPORT_FORMAT = 1
@@ -191,7 +191,9 @@ def read_record(record: object, batch: ImportBatch, now: datetime, sources: Sour
 def _evidence_from_record(record: Mapping[str, Any], now: datetime) -> Evidence:
     of = _field(record, "of", _one_of("memory", "fact"))
     check = _record_id("m") if of == "memory" else (lambda v: check_text("fact key", v, MAX_FACT_KEY_CHARS))
-    return Evidence(of, _field(record, "record", check), _field(record, "message_id", _record_id("msg")),
+    # a logged message's id, or the id the caller gave a turn passed to learn() directly
+    message_id = _field(record, "message_id", lambda v: check_identifier("message id", v))
+    return Evidence(of, _field(record, "record", check), message_id,
                     _optional(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS)),
                     _optional(record, "said_at", _past(now)))
 

@@ -53,6 +53,11 @@ def _check_identifier(kind: str, value: object, limit: int = MAX_ID_CHARS) -> st
     return check_encodable(kind, value)
 
 
+def check_identifier(kind: str, value: object) -> str:
+    """An id the caller chose (a conversation turn's, say): printable text, not blank, at most MAX_ID_CHARS."""
+    return _check_identifier(kind, value)
+
+
 def check_tenant(tenant: object) -> str:
     """A tenant alone (listing its users, erasing it, its keys), checked as an Owner checks its tenant."""
     return _check_identifier("tenant", tenant)

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..errors import ExtractorError, InvalidInput, MemshelfError
+from ..exports import MAX_CLOCK_SKEW
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
                      Owner, check_role, check_text, check_topic)
 from ..stores.base import Evidence, Mark
@@ -41,8 +42,9 @@ GIVEN = "turn-"
 so when it was said, for relative dates) but is never written as evidence, since no logged message has it."""
 
 
-def turns_given(messages: object) -> tuple[list[Turn], frozenset[str]]:
-    """Turns passed in directly, checked, and the plan-local ids given to those that came without one."""
+def turns_given(messages: object, now: datetime) -> tuple[list[Turn], frozenset[str]]:
+    """Turns passed in directly, checked (what was said cannot be said later than now, as an import checks it),
+    and the plan-local ids given to those that came without one."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidInput("messages must be a list of turns like {'role': 'user', 'content': 'I live in Lisbon.'}")
     try:
@@ -51,6 +53,9 @@ def turns_given(messages: object) -> tuple[list[Turn], frozenset[str]]:
         raise InvalidInput(f"each message must be a mapping with role and content: {exc}") from None
     for turn in turns:
         check_role(turn.role)
+        if turn.at is not None and turn.at > now + MAX_CLOCK_SKEW:
+            raise InvalidInput(f"a turn's 'at' {turn.at.isoformat()} is in the future (now is {now.isoformat()}): "
+                               "give when it was said")
     taken = {turn.id for turn in turns}
     local: dict[int, str] = {}
     for index, turn in enumerate(turns):
@@ -268,7 +273,7 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
     logged: list[Message] = []
     unlogged: frozenset[str] = frozenset()
     if messages is not None:
-        turns, unlogged = turns_given(messages)
+        turns, unlogged = turns_given(messages, shelf.now())
     else:
         assert thread is not None
         mark = shelf.store.learn_mark(owner, thread)

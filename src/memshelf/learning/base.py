@@ -16,7 +16,8 @@ from datetime import datetime
 from typing import Literal, get_args
 
 from .._plugins import Availability, PluginGroup, availability, Requirements, accepting, find_provider, provider_names
-from ..errors import ExtractorError
+from ..errors import ExtractorError, InvalidInput
+from ..model import check_identifier, check_when
 
 Op = Literal["remember", "set_fact", "supersede", "skip"]
 OPS: tuple[Op, ...] = get_args(Op)
@@ -43,8 +44,22 @@ class Turn:
             raise ExtractorError(f"a turn needs a string 'role' and 'content', like {{'role': 'user', 'content': "
                                  f"'I live in Lisbon.'}}; got keys {sorted(value)}")
         ident, at = value.get("id"), value.get("at")
-        return cls(role.strip().lower(), content, None if ident is None else str(ident),
-                   at if isinstance(at, datetime) else None)
+        if isinstance(ident, int) and not isinstance(ident, bool):
+            ident = str(ident)
+        return cls(role.strip().lower(), content, None if ident is None else check_identifier("a turn's 'id'", ident),
+                   None if at is None else _instant(at))
+
+
+def _instant(at: object) -> datetime:
+    """A turn's 'at': an aware datetime, or the ISO 8601 text of one (as JSON and the CLI give it)."""
+    if not isinstance(at, str):
+        return check_when("a turn's 'at'", at)
+    try:
+        parsed = datetime.fromisoformat(at)
+    except ValueError:
+        raise InvalidInput(f"a turn's 'at' {at[:40]!r} is not an ISO 8601 time: give one with a time zone, "
+                           "e.g. 2026-05-20T10:00:00+00:00") from None
+    return check_when("a turn's 'at'", parsed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,6 +282,8 @@ class ImportOut(BaseModel):
     memories: int
     facts: int
     messages: int
+    evidence: int | None = Field(None, description="evidence rows added, when the records carried some")
+    learn_marks: int | None = Field(None, description="thread watermarks added, when the records carried some")
 
 
 class KeyIn(Strict):

@@ -52,7 +52,7 @@ def export(owner: OwnerDep, shelf: ShelfDep) -> StreamingResponse:
                              headers={"Content-Disposition": f'attachment; filename="{_safe(filename)}"'})
 
 
-@router.post("/v1/users/{user}/import", openapi_extra={"requestBody": {
+@router.post("/v1/users/{user}/import", response_model_exclude_none=True, openapi_extra={"requestBody": {
     "required": True, "description": f"JSON Lines made by export, up to {MAX_IMPORT_BYTES >> 20} MiB",
     "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}})
 async def import_(request: Request, owner: OwnerDep, shelf: ShelfDep) -> ImportOut:
