@@ -554,7 +554,16 @@ def test_tenant_in_body_is_rejected_not_obeyed(acme: httpx.Client, deployment: D
 
 BAD_INPUT = [
     ("malformed-json", "POST", "/v1/users/u/memories", b'{"topic": "a", "content": ', 400, "malformed_json"),
+    ("not-utf8-json", "POST", "/v1/users/u/memories", b'{"topic": "a", "content": "\xff"}', 400, "malformed_json"),
+    ("json-nested-too-deep", "POST", "/v1/users/u/search", b"[" * 5_000 + b"]" * 5_000, 400, "malformed_json"),
     ("not-an-object", "POST", "/v1/users/u/memories", b'["a", "b"]', 422, "validation_error"),
+    ("ttl-true", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b", "ttl": True}, 422,
+     "validation_error"),
+    ("ttl-text", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b", "ttl": "10"}, 422,
+     "validation_error"),
+    ("ttl-under-a-microsecond", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b", "ttl": 1e-9}, 422,
+     "invalid_input"),
+    ("search-limit-true", "POST", "/v1/users/u/search", {"question": "q", "limit": True}, 422, "validation_error"),
     ("wrong-type", "POST", "/v1/users/u/memories", {"topic": 5, "content": ["x"]}, 422, "validation_error"),
     ("missing-field", "POST", "/v1/users/u/memories", {"topic": "a"}, 422, "validation_error"),
     ("empty-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": ""}, 422, "validation_error"),

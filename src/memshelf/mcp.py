@@ -234,7 +234,7 @@ Thread = Annotated[str, Field(min_length=1, max_length=MAX_TOPIC_CHARS,
                               description="the conversation's name, e.g. 'kitchen' or a chat id")]
 MemoryId = Annotated[str, Field(min_length=1, max_length=200,
                                 description="the id that remember, recall or memories returned")]
-PageSize = Annotated[int, Field(ge=1, le=MAX_PAGE, description="most items on this page")]
+PageSize = Annotated[int, Field(strict=True, ge=1, le=MAX_PAGE, description="most items on this page")]
 Cursor = Annotated[str | None, Field(min_length=1, max_length=200, description=(
     "the next_cursor of the previous page, unchanged; omit it for the first page"))]
 
@@ -284,7 +284,7 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
 
     @tool
     def remember(topic: Topic, content: Statement, ctx: Context, source: Source = "stated",
-                 ttl_seconds: Annotated[float | None, Field(gt=0, description="forget it after this many "
+                 ttl_seconds: Annotated[float | None, Field(strict=True, gt=0, description="forget it after this many "
                                                                               "seconds; omit to keep it")] = None
                  ) -> Remembered:
         """Store one statement in the user's long-term memory. Repeating a statement counts another observation
@@ -295,7 +295,7 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
 
     @tool
     def recall(question: Question, ctx: Context,
-               limit: Annotated[int, Field(ge=1, le=MAX_RECALL, description="most hits to return")] = 5
+               limit: Annotated[int, Field(strict=True, ge=1, le=MAX_RECALL, description="most hits to return")] = 5
                ) -> RecallResult:
         """Search the user's memory for statements relevant to a question, best first, each with its confidence
         and the retriever that found it."""
@@ -304,7 +304,8 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
 
     @tool
     def context(question: Question, ctx: Context,
-                limit: Annotated[int, Field(ge=1, le=MAX_RECALL, description="most statements to include")] = 3
+                limit: Annotated[int, Field(strict=True, ge=1, le=MAX_RECALL,
+                                            description="most statements to include")] = 3
                 ) -> str:
         """The block of relevant knowledge to put in a prompt for this question (empty when nothing matches)."""
         return _call(lambda: shelf.context(owner(ctx), question, limit=limit))
@@ -332,7 +333,7 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
 
     @tool
     def set_expiry(memory_id: MemoryId, ctx: Context,
-                   ttl_seconds: Annotated[float | None, Field(gt=0, description=(
+                   ttl_seconds: Annotated[float | None, Field(strict=True, gt=0, description=(
                        "forget it this many seconds from now; omit it to keep the memory for good"))] = None
                    ) -> MemoryItem:
         """Change when a memory is forgotten: in ttl_seconds, or never when it is omitted (e.g. the user says a
@@ -348,7 +349,8 @@ def build_mcp_server(shelf: Shelf, owner_resolver: OwnerResolver) -> MCPServer:
 
     @tool
     def facts(ctx: Context,
-              limit: Annotated[int, Field(ge=1, le=MAX_FACTS, description="most facts to list")] = MAX_FACTS
+              limit: Annotated[int, Field(strict=True, ge=1, le=MAX_FACTS,
+                                          description="most facts to list")] = MAX_FACTS
               ) -> FactsResult:
         """The user's current facts, most recently set first."""
         everything = _call(lambda: shelf.facts(owner(ctx)))

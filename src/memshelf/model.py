@@ -381,7 +381,11 @@ def check_ttl(kind: str, ttl: object) -> timedelta:
     if seconds > MAX_TTL.total_seconds():  # a huge int is compared as it is: float() of it would overflow
         raise InvalidInput(f"{kind} {ttl!r} is over the limit of {MAX_TTL.total_seconds():,.0f} seconds "
                            f"({MAX_TTL.days:,} days): pass a shorter ttl, or no ttl for a record that never expires")
-    return timedelta(seconds=seconds)
+    kept = timedelta(seconds=seconds)
+    if not kept:  # under a microsecond: the record would expire the instant it was made
+        raise InvalidInput(f"{kind} {ttl!r} is shorter than a microsecond, the finest time memshelf keeps: pass a "
+                           "longer ttl, or no ttl for a record that never expires")
+    return kept
 
 
 def resolve_expiry(expires_at: object, ttl: object, now: datetime) -> datetime | None:

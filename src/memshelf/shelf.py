@@ -415,10 +415,11 @@ class Shelf:
                       include_superseded: bool = False) -> tuple[list[Memory], str | None]:
         """One page of the owner's live memories and the cursor of the next page (None at the end).
 
-        topic, source: only memories of this topic, of this source (exactly); contains: only those whose topic or
-        content holds this text, ASCII letters in either case (None or blank: no filter). order: "newest" first,
-        or "confident" first (then newest). include_superseded: superseded memories too (superseded_by names what
-        replaced each). A cursor goes with the order it was given for; give the same filters with it."""
+        topic, source: only memories of this topic, of this source (exactly; None or blank: no filter); contains:
+        only those whose topic or content holds this text, ASCII letters in either case (None or blank: no
+        filter). order: "newest" first, or "confident" first (then newest). include_superseded: superseded
+        memories too (superseded_by names what replaced each). A cursor goes with the order it was given for; give
+        the same filters with it."""
         owner = _check_owner(owner)
         if order not in ORDERS:
             raise InvalidInput(f"unknown order {order!r}: use one of {', '.join(ORDERS)}")
@@ -427,6 +428,8 @@ class Shelf:
         limit = _check_limit(limit)
         blank = isinstance(topic, str) and not topic.strip()
         topic = None if topic is None or blank else check_topic(topic)
+        if isinstance(source, str) and not source.strip():
+            source = None  # a blank filter is no filter, as for topic and contains
         if source is not None:
             self.sources.confidence(source)  # an undeclared source is a mistake, not an empty page
         listing = Listing(topic, source, check_filter("contains", contains, MAX_TOPIC_CHARS), by_confidence,

@@ -137,15 +137,23 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts) + more + ". Fix the request; the schema of every endpoint is at /docs"
 
 
+_MALFORMED = ("the request body is not valid JSON: send a JSON object in UTF-8 with Content-Type: "
+              "application/json (see /docs)")
+_UNPARSED = "There was an error parsing the body"
+"""FastAPI's detail when the JSON parser itself fails (bytes that are not UTF-8, a number of thousands of digits,
+nesting too deep): the same mistake as any other malformed body, answered the same way."""
+
+
 def validation_error_response(exc: RequestValidationError) -> JSONResponse:
     errors = list(exc.errors())
     if any(error.get("type") == "json_invalid" for error in errors):
-        return error_response(400, "malformed_json", "the request body is not valid JSON: send a JSON object "
-                                                     "with Content-Type: application/json (see /docs)")
+        return error_response(400, "malformed_json", _MALFORMED)
     return error_response(422, "validation_error", _validation_message(errors))
 
 
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 400 and exc.detail == _UNPARSED:
+        return error_response(400, "malformed_json", _MALFORMED)
     message = "no such endpoint: the API is described at /docs" if exc.status_code == 404 else str(exc.detail)
     return error_response(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", message,
                           dict(exc.headers) if exc.headers else None)

@@ -65,8 +65,9 @@ ROLE = {"pattern": rf"^[{_SPACE}]*(?:{'|'.join(''.join(f'[{c.upper()}{c}]' for c
 """One of the chat roles, in any case (JSON Schema's patterns have no flag for that), as check_role accepts it."""
 Role = Annotated[str, Field(min_length=1, max_length=64, examples=["user"], json_schema_extra=ROLE,
                             description=f"who said it: {', '.join(ROLES)}")]
-Seconds = Annotated[float, Field(gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
-SearchLimit = Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)]
+# Numbers and booleans as JSON sends them (strict): true is not 1 second, "10" is not a limit of 10.
+Seconds = Annotated[float, Field(strict=True, gt=0, le=100 * 365 * 86400, description="time to live, in seconds")]
+SearchLimit = Annotated[int, Field(strict=True, ge=1, le=MAX_SEARCH_LIMIT)]
 
 
 class MemoryIn(Strict):
@@ -143,7 +144,7 @@ class SearchIn(Strict):
     question: Text
     mode: Mode = "auto"
     limit: SearchLimit = 5
-    floor: float | None = Field(None, ge=-1.0, le=1.0, description="lowest cosine for meaning search")
+    floor: float | None = Field(None, strict=True, ge=-1.0, le=1.0, description="lowest cosine for meaning search")
 
 
 @fields_of(Hit, nested={"memory": MemoryOut})
@@ -230,7 +231,7 @@ class LearnIn(Strict):
     messages: list[TurnIn] | None = Field(None, min_length=1, max_length=MAX_LEARN_TURNS, description=(
         "the turns to learn from; or give thread instead"))
     thread: Topic | None = Field(None, description="learn from this logged thread's messages not learned yet")
-    dry_run: bool = Field(False, description="decide and answer the plan, write nothing")
+    dry_run: bool = Field(False, strict=True, description="decide and answer the plan, write nothing")
     extractor: Annotated[str | None, Field(min_length=1, max_length=200, examples=["rules"], description=(
         "rules (offline), ollama:MODEL or openai:MODEL; default: the server's MEMSHELF_EXTRACTOR, else rules"))] = None
 
@@ -265,7 +266,7 @@ class ErasedOut(Out):
 
 
 class ScrubIn(Strict):
-    full: Annotated[bool | None, Field(description=(
+    full: Annotated[bool | None, Field(strict=True, description=(
         "PostgreSQL: VACUUM FULL (true) or the default scrub (false); null: as MEMSHELF_PG_SCRUB says"))] = None
 
 

@@ -160,8 +160,8 @@ def test_purge_deletes_expired_for_good(shelf, clock):
 def test_expiry_needs_an_aware_datetime_or_positive_ttl(shelf):
     with pytest.raises(InvalidInput, match="naive"):
         shelf.remember(KALEB, "t", "x", expires_at=datetime(2030, 1, 1))
-    for ttl in (0, -5, float("nan"), "soon"):
-        with pytest.raises(InvalidInput):
+    for ttl in (0, -5, float("nan"), "soon", True, 4e-7, timedelta(microseconds=0.4)):
+        with pytest.raises(InvalidInput):  # under a microsecond it would expire as it is made
             shelf.remember(KALEB, "t", "x", ttl=ttl)
     with pytest.raises(InvalidInput, match="not both"):
         shelf.remember(KALEB, "t", "x", ttl=5, expires_at=datetime(2030, 1, 1, tzinfo=UTC))
@@ -586,6 +586,7 @@ def test_listing_filters_by_topic_source_and_text_and_orders_by_confidence(shelf
     assert _walk(shelf, KALEB, contains="ood")[0] == ["Kaleb drinks 100% juice_box.", "Kaleb likes green TEA."]
     assert _walk(shelf, KALEB, contains="0% juice_")[0] == ["Kaleb drinks 100% juice_box."]  # % and _ as written
     assert _walk(shelf, KALEB, contains="   ")[0] == _walk(shelf, KALEB)[0]  # blank: no filter
+    assert _walk(shelf, KALEB, source="", topic=" ")[0] == _walk(shelf, KALEB)[0]
     assert _walk(shelf, KALEB, topic="network", source="mined", contains="nas")[0] == ["The NAS is in the closet."]
     by_confidence, pages = _walk(shelf, KALEB, order="confident")
     assert by_confidence == ["Kaleb drinks 100% juice_box.", "The router is an ASUS.", "The NAS is in the closet.",
