@@ -16,6 +16,7 @@ from memshelf.keywords import index_text, keywords, search_terms
 from memshelf.stores._postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from memshelf.stores._sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
 from memshelf.stores.postgres import PostgresStore
+from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: its files need its FTS5
 
 KALEB = Owner("home", "kaleb")
 TOKYO = "東京の事務所は3階です"
@@ -94,6 +95,40 @@ def test_sqlite_file_from_before_m010_is_reindexed(tmp_path, monkeypatch):
         assert [s.memory.content for s in shelf.store.keyword_search(KALEB, ["東京", "room"], 5, shelf.now(),
                                                                      by_confidence=False)] == [FOLLOWER, TOKYO]
         assert [h.memory.content for h in shelf.search(KALEB, "printer room")] == [FOLLOWER]  # English as before
+    assert _pairs_in_index("sqlite", db) == 3
+
+
+def _tokens(db: str) -> set[str]:
+    """The tokens the tenant's words table holds (FTS5's vocabulary of it)."""
+    conn = sqlite3.connect(db)
+    try:
+        [(words,)] = conn.execute("SELECT words FROM fts_tenants WHERE tenant = ?", (KALEB.tenant,)).fetchall()
+        conn.execute(f"CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, {words}, 'row')")
+        return {row[0] for row in conn.execute("SELECT term FROM temp.vocab")}
+    finally:
+        conn.close()
+
+
+def test_sqlite_file_from_before_m017_keeps_marks_in_words_once_opened(tmp_path, monkeypatch):
+    """Tables made by the previous tokenizer (words cut at combining marks) are made again with it."""
+    db = str(tmp_path / "memory.db")
+    hindi = "राहुल दिल्ली में रहता है।"
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", [m for m in SQLITE_MIGRATIONS if m[0] != "m017_word_marks"])
+    monkeypatch.setattr(sqlite_fts, "_TOKENIZE", "'porter unicode61 remove_diacritics 2'")
+    with Shelf.open(db, embedder=None) as shelf:
+        shelf.remember(KALEB, "travel", hindi)
+        shelf.remember(KALEB, "office", TOKYO)
+        shelf.remember(KALEB, "office", FOLLOWER)
+        assert "राहुल" not in _tokens(db) and "र" in _tokens(db)  # cut at its vowel signs
+    monkeypatch.undo()
+    with Shelf.open(db, embedder=None) as shelf:
+        assert "m017_word_marks" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
+        assert "राहुल" in _tokens(db) and "र" not in _tokens(db)
+        assert [h.memory.content for h in shelf.search(KALEB, "राहुल")] == [hindi]
+        assert [h.memory.content for h in shelf.search(KALEB, "事務所")] == [TOKYO]
+        assert [h.memory.content for h in shelf.search(KALEB, "printer room")] == [FOLLOWER]  # English as before
+        shelf.remember(KALEB, "travel", "Kaleb lives in Zürich.")  # the tables take new rows
+        assert [h.memory.content for h in shelf.search(KALEB, "zurich")] == ["Kaleb lives in Zürich."]
     assert _pairs_in_index("sqlite", db) == 3
 
 

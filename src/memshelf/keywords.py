@@ -12,6 +12,7 @@ indexes of English text do not change.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 STOPWORDS = frozenset({
     "the", "and", "but", "for", "with", "you", "your", "was", "were", "are",
@@ -32,6 +33,31 @@ question that is not all capitals ("IT", "US", "OR"), they are terms after all."
 # Letters and digits of any script: the spec's [a-z0-9]+ for ASCII text, without dropping "zürich" or "café".
 _WORD = re.compile(r"[^\W_]+")
 
+
+def words(text: str) -> list[str]:
+    """The words of `text`: runs of letters, digits and combining marks, as the full-text indexes cut them (SQLite's
+    tokenizer keeps the categories L*, N*, Co and M*; PostgreSQL's parser keeps marks in words too). Marks matter
+    wherever a word is written with them: Hindi "राहुल" is र ा ह ु ल, and text typed decomposed (NFD) spells "Zürich"
+    as "Zu" + U+0308 + "rich"; without them such words fell apart into pieces no search term kept. Text is read
+    composed (NFC) first."""
+    if text.isascii():
+        return _WORD.findall(text)
+    out: list[str] = []
+    run: list[str] = []
+    for char in unicodedata.normalize("NFC", text):
+        if char != "_" and (char.isalnum() or unicodedata.category(char) in _KEPT):
+            run.append(char)
+        elif run:
+            out.append("".join(run))
+            run = []
+    if run:
+        out.append("".join(run))
+    return out
+
+
+_KEPT = frozenset({"Mn", "Mc", "Me", "Co"})
+"""The categories a word keeps besides letters and digits (str.isalnum): combining marks, and private use."""
+
 _CJK = ("\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
         "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
 """Han ideographs, kana and hangul: the scripts written without spaces between words (Korean has spaces, but
@@ -50,7 +76,7 @@ def keywords(line: str, limit: int | None = DEFAULT_LIMIT) -> list[str]:
     Words shorter than three characters and stopwords are dropped. `limit=None` keeps them all.
     """
     out: list[str] = []
-    for word in _WORD.findall(line.lower()):
+    for word in words(line.lower()):
         if len(word) < 3 or word in STOPWORDS or word in out:
             continue
         out.append(word)
@@ -71,7 +97,7 @@ def search_terms(line: str, limit: int | None = None) -> list[str]:
     """
     shouting, cjk = line.upper() == line, CJK_RUN.search(line) is not None
     out: list[str] = []
-    for word in _WORD.findall(line):
+    for word in words(line):
         for segment in _SEGMENT.findall(word) if cjk else (word,):
             for term in _terms_of(segment, shouting):
                 if term not in out:

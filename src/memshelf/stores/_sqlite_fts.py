@@ -26,7 +26,11 @@ from ..keywords import index_text
 from ..model import MAX_CONFIDENCE
 from ._sqlite_lib import sqlite3
 
-TOKENIZER = "porter unicode61 remove_diacritics 2"
+TOKENIZER = "porter unicode61 remove_diacritics 2 categories 'L* N* Co M*'"
+"""How the per-tenant tables cut text into words: letters, digits, private use and combining marks (unicode61 cut
+words at marks by default, so Hindi "राहुल" was indexed as र, ह, ल and found by no question; m017 reindexed every
+table with marks kept, as PostgreSQL's parser keeps them and keywords.words() reads questions)."""
+_TOKENIZE = "'" + TOKENIZER.replace("'", "''") + "'"
 
 Query = Callable[..., sqlite3.Cursor]
 Many = Callable[[str, Iterable[Sequence]], None]
@@ -88,9 +92,9 @@ class TenantIndexes:
         merge turns in-place deletion on, and m015 counts the rows."""
         words, context = table_names(tenant)
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {words} USING fts5(topic, content, owner_tag,"
-                f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
+                f" content='memories', content_rowid='pk', tokenize={_TOKENIZE})")
         self._q(f"CREATE VIRTUAL TABLE IF NOT EXISTS {context} USING fts5(topic, content, owner_tag, context,"
-                f" content='memories', content_rowid='pk', tokenize='{TOKENIZER}')")
+                f" content='memories', content_rowid='pk', tokenize={_TOKENIZE})")
         self._q("INSERT INTO fts_tenants (tenant, words, context) VALUES (?, ?, ?)", (tenant, words, context))
         if migrating:
             return words, context
@@ -128,6 +132,17 @@ class TenantIndexes:
     def index_existing(self, tenant: str) -> None:
         """Tables for a tenant whose rows were stored before tenants had their own (m004)."""
         self._fill(tenant, *self._create(tenant, migrating=True))
+
+    def retokenize(self, tenant: str) -> None:
+        """The tenant's tables made again with this TOKENIZER (a table's tokenizer is fixed when it is created), and
+        filled from its rows."""
+        names = self.names(tenant)
+        if names is None:
+            return
+        for name in names:
+            self._q(f"DROP TABLE IF EXISTS {name}")
+        self._q("DELETE FROM fts_tenants WHERE tenant = ?", (tenant,))
+        self._fill(tenant, *self._create(tenant))
 
     def rebuild(self, tenant: str) -> None:
         """Index the tenant's rows afresh, with no deleted entry and no level left over. FTS5's own 'rebuild' would

@@ -22,6 +22,9 @@ def _logged(row: str, kind: str) -> str:
             f"        (SELECT generation FROM owner_generation WHERE {owner}) - {CHANGES_KEPT};")
 
 CJK_INDEX = "m010_cjk_pairs"
+WORD_MARKS = "m017_word_marks"
+"""The migration after whose SQL every tenant's full-text tables are made again with marks kept in words
+(stores/_sqlite_fts.py, TOKENIZER)."""
 """The migration after whose SQL stores/sqlite.py rebuilds every tenant's full-text tables from its rows."""
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -353,5 +356,11 @@ BEGIN
     UPDATE owner_generation SET most_confident = max(coalesce(most_confident, new.confidence), new.confidence)
     WHERE tenant = new.tenant AND user_id = new.user_id;
 END;
+"""),
+    (WORD_MARKS, """
+-- Words keep their combining marks (Devanagari and Tamil vowel signs, Hebrew points, a decomposed diaeresis), as
+-- PostgreSQL's parser and keywords.words() keep them: every tenant's full-text tables are made again with the new
+-- tokenizer and filled from its rows after this script (stores/sqlite.py). Text without marks is indexed as before.
+SELECT 1;
 """),
 ]

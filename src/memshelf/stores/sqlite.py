@@ -28,7 +28,7 @@ from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, 
                           memory_from_row, view_condition)
 from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
 from ._sqlite_lib import sqlite3 as sqlite3  # public: code reading a store's file in its process must use it
-from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS
+from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS, WORD_MARKS
 from . import _sqlite_vector_files
 
 log = logging.getLogger("memshelf")
@@ -484,6 +484,9 @@ class SQLiteStore(SQLRecords):
                 self._fts.rebuild(tenant)
         elif name == WHITESPACE_DIGESTS:
             _redigest(self._connection())
+        elif name == WORD_MARKS:  # a table's tokenizer is fixed when it is made: make each again
+            for (tenant,) in self._q("SELECT tenant FROM fts_tenants").fetchall():
+                self._fts.retokenize(tenant)
 
     def applied_migrations(self) -> list[str]:
         return [r[0] for r in self._q("SELECT name FROM memshelf_migrations ORDER BY name")]

@@ -202,6 +202,17 @@ def test_non_ascii_words_are_found(shelf):
     assert len(shelf.search(KALEB, "zurich")) == 1  # diacritics do not have to be typed
 
 
+@pytest.mark.parametrize("stored, asked", [
+    ("राहुल दिल्ली में रहता है।", "राहुल कहाँ रहता है?"),  # Devanagari: vowel signs are combining marks
+    ("שָׁלוֹם לְכֻלָּם", "שָׁלוֹם"),  # pointed Hebrew
+    ("Kaleb lives in Köln.", "Ko\u0308ln"),  # asked decomposed (NFD)
+])
+def test_words_written_with_combining_marks_are_found(shelf, stored, asked):
+    shelf.remember(KALEB, "travel", stored)
+    shelf.remember(KALEB, "travel", "Something else entirely.")
+    assert contents(shelf.search(KALEB, asked, mode="keyword")) == [stored]
+
+
 TOKYO = "東京の事務所は3階です"
 SEOUL = "서울 사무실은 2층입니다"
 BEIJING = "我们的AI项目在北京"
