@@ -277,6 +277,21 @@ def test_turns_passed_directly_touch_no_watermark(shelf):
     assert [(e.message_id, e.thread) for e in shelf.evidence(KALEB, key="home_city")] == [("x1", None)]
 
 
+def test_what_the_user_says_of_a_guess_makes_it_stated(shelf):
+    """A memory and a fact the system only guessed, then said by the user: they become what the user said (before,
+    both were skipped as known, and the prompt went on showing them as unconfirmed guesses)."""
+    guess = shelf.remember(KALEB, "noted", "The spare key is under the mat", source="inferred")
+    shelf.set_fact(KALEB, "home_city", "Porto", source="inferred")
+    shelf.log_message(KALEB, "t1", "user", "Remember that the spare key is under the mat.")
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    plan = shelf.learn(KALEB, thread="t1")
+    assert [p.op for p in plan.proposals] == ["remember", "set_fact"]
+    assert shelf.get(KALEB, guess.id).source == "stated"
+    assert [(f.value, f.source) for f in shelf.facts(KALEB)] == [("Porto", "mined")]
+    again = shelf.learn(KALEB, [{"role": "user", "content": "I live in Porto."}])  # the same source: not news
+    assert [(p.op, p.reason) for p in again.proposals] == [("skip", "home_city is already 'Porto'")]
+
+
 def test_what_turns_with_their_own_ids_taught_exports_and_imports(shelf):
     """The evidence of a turn given with the caller's id names that id; an import refused it as "not an id memshelf
     makes", so no export of such an owner could be imported."""

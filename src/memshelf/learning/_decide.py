@@ -79,7 +79,8 @@ def known_for(shelf: Shelf, owner: Owner, turns: Sequence[Turn], facts: Sequence
     said = " ".join(turn.content for turn in turns if turn.role == "user")[:KNOWN_QUERY_CHARS].strip()
     related = [hit.memory for hit in shelf.search(owner, said, limit=KNOWN_MEMORIES)] if said else []
     return Known({fact.key: fact.value for fact in facts}, tuple(m.content for m in related),
-                 tuple(m.id for m in related))
+                 tuple(m.id for m in related), {fact.key: fact.source for fact in facts},
+                 tuple(m.source for m in related))
 
 
 def extractor_name(extractor: object) -> str:
@@ -159,16 +160,19 @@ class Decider:
         key = check_text("fact key", proposal.key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", proposal.value, MAX_FACT_VALUE_CHARS)
         current = self.facts.get(key)
-        if current is not None and current.value == value:
+        held = None if current is None else self.shelf.sources.get(current.source, 1.0)
+        if current is not None and current.value == value and (held is None or worth <= held):
             skipped = _skip(proposal, f"{key} is already {value!r}")
             self._confirms(skipped)
             return skipped
-        if current is not None and worth < (held := self.shelf.sources.get(current.source, 1.0)):
+        if current is not None and held is not None and worth < held:
             return _skip(proposal, f"the current {key} ({current.value!r}) is {current.source}, worth {held}; a "
                                    f"value from {proposal.source} (worth {worth}) cannot replace it")
         self.facts[key] = Fact(key, value, proposal.source, proposal.at or self.shelf.now())
         if current is None:
             return _with(proposal, f"new fact {key}")
+        if current.value == value:  # said again from a stronger source: the value stays, its source rises
+            return _with(proposal, f"{key} is {value!r}, {current.source} until now")
         return _with(proposal, f"{key} was {current.value!r} ({current.source})")
 
     def _supersede(self, proposal: Proposal, worth: float) -> Proposal:

@@ -71,6 +71,11 @@ class Known:
     facts: Mapping[str, str] = field(default_factory=dict)
     memories: tuple[str, ...] = ()
     memory_ids: tuple[str, ...] = ()
+    fact_sources: Mapping[str, str] = field(default_factory=dict)
+    """Each current fact's source, by key: a value said again from another source is news (a guess the user now
+    states becomes stated), the same value from the same source is not."""
+    memory_sources: tuple[str, ...] = ()
+    """Each related memory's source, in the order of `memories` (empty when the caller gave texts only)."""
 
 
 @dataclass(frozen=True, slots=True)

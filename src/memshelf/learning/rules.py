@@ -430,13 +430,18 @@ def _proposal(rule: Rule, match: re.Match[str], value: str, evidence: tuple[str,
     if rule.key is not None:
         key = rule.key.format(**groups).replace(" ", "_")
         current = known.facts.get(key)
-        if current is not None and current.casefold() == value.casefold():
+        same_source = known.fact_sources.get(key, rule.source) == rule.source  # else the Shelf weighs the sources
+        if current is not None and current.casefold() == value.casefold() and same_source:
             return Proposal("skip", rule.source, evidence, key=key, value=value, reason=f"{key} is already {current!r}")
-        if current is not None:
+        if current is not None and current.casefold() == value.casefold():
+            reason += f"; {key} is already {current!r}, from another source"
+        elif current is not None:
             reason += f"; replaces the current value {current!r}, which goes to the fact's history"
         return Proposal("set_fact", rule.source, evidence, key=key, value=value, reason=reason)
     content = (rule.content or "{v}").format(**{**groups, "v": value})
-    if content.casefold() in {memory.casefold() for memory in known.memories}:
+    sources = known.memory_sources or (rule.source,) * len(known.memories)
+    if any(memory.casefold() == content.casefold() and source == rule.source
+           for memory, source in zip(known.memories, sources)):  # from another source, the Shelf keeps the stronger
         return Proposal("skip", rule.source, evidence, topic=rule.topic, content=content, reason="already remembered")
     return Proposal("remember", rule.source, evidence, topic=rule.topic, content=content, reason=reason)
 
