@@ -25,7 +25,7 @@ from ._ids import is_id, new_id
 from .keywords import search_terms
 from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
-from .model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
+from .model import (LATEST, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
                     Memory, Message, NewMemory, Owner, SearchResult, Sources, UserSummary, check_encodable,
                     check_filter, check_role, check_tenant, check_text, check_topic, check_ttl, check_when, counted,
                     missing_changes, resolve_expiry, sources_from_text, utcnow)
@@ -132,7 +132,7 @@ def _facts_as_of(history: Sequence[FactChange], outranks: Callable[[str, str], b
     """The facts current at `as_of`, replayed from their history (oldest first) with set_fact's rule: a value
     replaces the current one unless its source is weaker. Most recently set first, as facts() lists them."""
     current: dict[str, Fact] = {}
-    for change in history:
+    for change in sorted(history, key=lambda c: c.set_at):  # by time: an import adds older changes after newer ones
         held = current.get(change.key)
         if change.set_at <= as_of and (held is None or outranks(change.source, held.source)):
             current[change.key] = Fact(change.key, change.value, change.source, change.set_at)
@@ -609,9 +609,7 @@ class Shelf:
         owner = _check_owner(owner)
         if as_of is None:
             return self.store.facts(owner)
-        return _facts_as_of(self.store.fact_history(owner, None),
-                            lambda new, held: self.sources.get(new, 1.0) >= self.sources.get(held, 1.0),
-                            check_when("as_of", as_of))
+        return _facts_as_of(self.store.fact_history(owner, None), self._outranks, check_when("as_of", as_of))
 
     get_facts = facts
 
@@ -790,19 +788,47 @@ class Shelf:
                 raise exc.within(f"import record {number}: ", "; nothing was imported (fix the record or "
                                  "re-export)") from exc
         memories, blobs, pieces = self._embed_imported(*self._settle_vectors(owner, batch.memories, batch.blobs))
-        changes = missing_changes(batch.changes, self.store.fact_history(owner, None))
+        history = self.store.fact_history(owner, None)
+        changes = missing_changes(batch.changes, history)
         evidence = missing_changes(batch.evidence, self.store.evidence(owner, None, None))
         marks = {t: m for t, m in batch.marks.items() if t not in self.store.learn_marks(owner)}
+        winners = self._imported_winners(owner, history, changes)
         with self.store.atomic():
             counts = {"memories": self.store.import_memories(owner, memories, blobs, pieces),
-                      "facts": self.store.import_facts(owner, batch.facts, changes),
+                      "facts": self.store.import_facts(owner, batch.facts,
+                                                       missing_changes(changes, winners)),
                       "messages": self.store.import_messages(owner, batch.messages)}
+            for change in winners:  # its history row and the current value, as set_fact writes them
+                self.store.set_fact(owner, change.key, change.value, change.source, change.set_at)
             self.store.add_evidence(owner, evidence)
             for thread, mark in marks.items():
                 self.store.set_learn_mark(owner, thread, mark, now)
         # what learning keeps is counted only when the records carried some (older exports have none)
         return {**counts, **({"evidence": len(evidence)} if batch.evidence else {}),
                 **({"learn_marks": len(marks)} if batch.marks else {})}
+
+    def _imported_winners(self, owner: Owner, history: Sequence[FactChange], changes: Sequence[FactChange]
+                          ) -> list[FactChange]:
+        """The imported changes that become a fact's current value: replayed with the owner's history by set_fact's
+        rule (by time; a weaker source never replaces a stronger one), an imported statement outranks a later
+        guess the owner held, and facts(as_of=now) agrees with facts() after the import."""
+        if not changes:
+            return []
+        held = {fact.key: fact for fact in self.store.facts(owner)}
+        outranks = self._outranks
+        replayed = _facts_as_of([*history, *changes], outranks, LATEST)
+        brought = set(changes)
+        winners = []
+        for fact in replayed:
+            current = held.get(fact.key)
+            change = FactChange(fact.key, fact.value, fact.source, fact.updated_at)
+            if current is not None and (current.value, current.source) != (fact.value, fact.source) \
+                    and change in brought:
+                winners.append(change)
+        return winners
+
+    def _outranks(self, new: str, held: str) -> bool:
+        return self.sources.get(new, 1.0) >= self.sources.get(held, 1.0)
 
     def _settle_vectors(self, owner: Owner, memories: list[Memory], blobs: list[bytes | None]
                         ) -> tuple[list[Memory], list[bytes | None]]:

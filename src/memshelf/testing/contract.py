@@ -524,6 +524,24 @@ def test_export_import_round_trips_exactly(shelf, open_shelf, clock, tmp_path):
         "memories": 0, "facts": 0, "messages": 0}
 
 
+def test_an_import_weighs_its_facts_against_the_owners_by_source_and_time(shelf, clock):
+    """The owner's current fact after an import is what replaying its history with the import's gives (by time, a
+    weaker source never replacing a stronger one), so facts() and facts(as_of=now) agree. Before, a fact the owner
+    held was never replaced by an import, and as_of replayed the history in the order rows were written."""
+    shelf.set_fact(KALEB, "city", "Madrid")  # stated, in the export
+    exported = list(shelf.export(KALEB))
+    clock.advance(60)
+    guessed, stated = Owner(KALEB.tenant, "guessed"), Owner(KALEB.tenant, "stated")
+    shelf.set_fact(guessed, "city", "Rome", "inferred")  # a later guess: the imported statement outranks it
+    shelf.set_fact(stated, "city", "Rome")  # a later statement: it stays
+    for owner, value, source in ((guessed, "Madrid", "stated"), (stated, "Rome", "stated")):
+        shelf.import_(owner, exported)
+        assert [(f.value, f.source) for f in shelf.facts(owner)] == [(value, source)]
+        assert [(f.value, f.source) for f in shelf.facts(owner, as_of=shelf.now())] == [(value, source)]
+        assert sorted(c.value for c in shelf.fact_history(owner, "city")) == ["Madrid", "Rome"]
+        assert shelf.import_(owner, exported)["facts"] == 0  # again: nothing new
+
+
 def test_malformed_import_imports_nothing(shelf):
     shelf.remember(KALEB, "network", "The office printer is on 192.168.1.40.")
     records = list(shelf.export(KALEB))
