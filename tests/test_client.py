@@ -108,6 +108,10 @@ def test_errors_are_the_shelfs_exceptions_with_the_servers_advice(served: Served
             client.remember(owner, "office", "A line.", "crm")
         with pytest.raises(InvalidInput):
             client.remember(owner, "office", "   ")
+        with pytest.raises(InvalidInput, match="not valid Unicode"):
+            client.remember(owner, "office", "a\ud800b")
+        with pytest.raises(InvalidInput, match="user_text contains a NUL character"):
+            client.build_prompt("base", owner, "a\x00b")
         with pytest.raises(InvalidInput, match="next_cursor"):
             client.list_memories(owner, cursor="not-a-cursor")
         old = client.remember(owner, "home", "Kaleb lives in Porto.", "inferred")

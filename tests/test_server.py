@@ -573,7 +573,7 @@ BAD_INPUT = [
     ("negative-ttl", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b", "ttl": -5}, 422,
      "validation_error"),
     ("naive-expiry", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b",
-                                                      "expires_at": "2030-01-01T00:00:00"}, 422, "invalid_input"),
+                                                      "expires_at": "2030-01-01T00:00:00"}, 422, "validation_error"),
     ("nul-in-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": "b\u0000c"}, 422, "invalid_input"),
     ("too-long-content", "POST", "/v1/users/u/memories", {"topic": "a", "content": "x" * 16_001}, 422,
      "validation_error"),

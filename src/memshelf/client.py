@@ -122,6 +122,10 @@ class Client:
             except httpx.HTTPError as exc:
                 raise StoreUnavailable(f"the memshelf server at {self.url} could not be reached ({exc})",
                                        "check that `memshelf serve` is running there, then retry") from exc
+            except UnicodeEncodeError as exc:  # a lone surrogate cannot be sent, as the Shelf cannot store it
+                bad = exc.object[exc.start:exc.end]
+                raise InvalidInput(f"the request holds text that is not valid Unicode ({bad!r} cannot be "
+                                   "encoded): remove the lone surrogate") from None
             if answer.status_code != 503 or attempt == self.retries:
                 break
             time.sleep(_retry_after(answer, wait))

@@ -306,6 +306,7 @@ _EMPTY_ADVICE = {"question": "pass the words to search for", "fact key": "pass a
                  "thread": "pass a name such as 'kitchen'", "role": "pass who spoke, such as user or assistant",
                  "key name": "pass a label such as 'ci', or none"}
 _LONG_ADVICE = {"question": "ask a shorter question", "fact key": "use a shorter key", "thread": "use a shorter name",
+                "user_text": "pass the user's latest message, not the whole conversation",
                 "fact value": "keep one short current value (a long text belongs in a memory, split into statements)",
                 "role": "use a short role such as user or assistant", "key name": "use a shorter label",
                 "topic": "use a short label such as 'network'"}
@@ -321,7 +322,7 @@ def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:
         raise InvalidInput(f"{kind} is {len(value):,} characters; the limit is {limit:,}",
                            _LONG_ADVICE.get(kind, "split it into shorter statements"))
     if "\x00" in value:
-        raise InvalidInput(f"{kind} contains a NUL character: remove it before storing")
+        raise InvalidInput(f"{kind} contains a NUL character: remove it")
     return check_encodable(kind, value)
 
 

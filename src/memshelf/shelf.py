@@ -579,7 +579,8 @@ class Shelf:
         if not isinstance(user_text, str):
             raise InvalidInput(f"user_text must be a string, got {type(user_text).__name__}")
         check_encodable("base_prompt", base_prompt)
-        check_encodable("user_text", user_text)
+        if user_text.strip():  # checked under its own name (search would call it the question)
+            check_text("user_text", user_text)
         hits = self.search(owner, user_text, mode=mode, limit=limit, as_of=as_of,
                            include_superseded=include_superseded) if user_text.strip() else []
         return ctx.assemble(base_prompt, self.facts(owner, as_of=as_of), hits, self.budget,

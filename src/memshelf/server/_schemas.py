@@ -75,7 +75,7 @@ class MemoryIn(Strict):
     content: Text
     source: SourceName = "stated"
     ttl: Seconds | None = None
-    expires_at: datetime | None = Field(None, description="an ISO 8601 instant with a time zone; or use ttl")
+    expires_at: AwareDatetime | None = Field(None, description="an ISO 8601 instant with a time zone; or use ttl")
 
 
 class BatchIn(Strict):
