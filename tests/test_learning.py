@@ -375,6 +375,37 @@ def test_forget_thread_with_cascade_takes_only_what_came_only_from_it(shelf, clo
     assert shelf.store.learn_mark(KALEB, "home") is not None
 
 
+def test_forget_thread_with_cascade_keeps_what_the_caller_set(shelf, clock):
+    """A fact learned from a thread, then set by the caller: forgetting the thread takes the learned value from the
+    history and leaves the caller's (before, the whole fact went, the caller's value with it). A learned value that
+    had replaced the caller's gives way to it again."""
+    shelf.log_message(KALEB, "t1", "user", "I work at Acme.")
+    shelf.learn(KALEB, thread="t1")
+    clock.advance(60)
+    shelf.set_fact(KALEB, "employer", "Initech")
+    shelf.set_fact(KALEB, "home_city", "Faro", "inferred")
+    clock.advance(60)
+    shelf.log_message(KALEB, "t2", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t2")
+    assert fact(shelf, "home_city") == "Porto"  # mined outranks the guess
+    taught = [r for r in records(shelf) if r["kind"] == "evidence"]
+    assert len(taught) == 2 and all(r["set_at"] for r in taught)  # an export carries which value each taught
+    shelf.import_(MAYA, records(shelf))
+    assert shelf.forget_thread(MAYA, "t1", cascade=True).fact_changes == 1
+    assert fact(shelf, "employer", MAYA) == "Initech"
+
+    first, second = (shelf.forget_thread(KALEB, thread, cascade=True) for thread in ("t1", "t2"))
+
+    assert (first.facts, first.fact_changes, second.facts, second.fact_changes) == (0, 1, 0, 1)
+    assert [(f.key, f.value, f.source) for f in shelf.facts(KALEB)] == [
+        ("employer", "Initech", "stated"), ("home_city", "Faro", "inferred")]
+    assert [c.value for c in shelf.fact_history(KALEB, "employer")] == ["Initech"]
+    assert [(f.key, f.value) for f in shelf.facts(KALEB, as_of=shelf.now())] == [
+        ("employer", "Initech"), ("home_city", "Faro")]
+    exported = [r for r in records(shelf) if r["kind"] == "evidence"]
+    assert exported == []  # the evidence went with the threads
+
+
 def test_forget_user_leaves_nothing_learned_behind(shelf):
     shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
     shelf.learn(KALEB, thread="t1")

@@ -80,8 +80,11 @@ def message_record(message: Message) -> dict[str, Any]:
 
 
 def evidence_record(evidence: Evidence) -> dict[str, Any]:
-    return {"kind": "evidence", "of": evidence.kind, "record": evidence.record, "message_id": evidence.message_id,
-            "thread": evidence.thread, "said_at": iso(evidence.said_at)}
+    record = {"kind": "evidence", "of": evidence.kind, "record": evidence.record, "message_id": evidence.message_id,
+              "thread": evidence.thread, "said_at": iso(evidence.said_at)}
+    if evidence.set_at is not None:  # the fact value it taught (older exports have none)
+        record["set_at"] = iso(evidence.set_at)
+    return record
 
 
 def learn_mark_record(thread: str, mark: Mark) -> dict[str, Any]:
@@ -195,7 +198,7 @@ def _evidence_from_record(record: Mapping[str, Any], now: datetime) -> Evidence:
     message_id = _field(record, "message_id", lambda v: check_identifier("message id", v))
     return Evidence(of, _field(record, "record", check), message_id,
                     _optional(record, "thread", lambda v: check_text("thread", v, MAX_TOPIC_CHARS)),
-                    _optional(record, "said_at", _past(now)))
+                    _optional(record, "said_at", _past(now)), _optional(record, "set_at", _past(now)))
 
 
 def _one_of(*allowed: str) -> Callable[[object], str]:

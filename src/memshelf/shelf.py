@@ -707,10 +707,11 @@ class Shelf:
 
     def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:
         """Erase a thread: its messages and its learning watermark. With cascade, also what was learned only from
-        it: memories and facts (with their history) whose every evidence message is in this thread. A record with
-        evidence in another thread, or none (written by the caller), stays."""
+        it: memories whose every evidence message is in this thread, and the values it taught facts whose every
+        evidence message is (a value the caller set stays, and becomes current again if a taught one had replaced
+        it). A record with evidence in another thread, or none (written by the caller), stays."""
         thread = check_text("thread", thread, MAX_TOPIC_CHARS)
-        return self.store.forget_thread(_check_owner(owner), thread, bool(cascade))
+        return self.store.forget_thread(_check_owner(owner), thread, bool(cascade), self._outranks)
 
     def forget_user(self, owner: Owner) -> Erased:
         """Erase every trace of the owner: memories, vectors, index entries, facts and their history, messages."""

@@ -210,9 +210,11 @@ class Application:
     unlogged: frozenset[str] = frozenset()  # plan-local ids of turns passed in without one: never evidence rows
     evidence: list[Evidence] = field(default_factory=list)
 
-    def cite(self, kind: str, record: str, proposal: Proposal, said_at: dict[str, datetime | None]) -> None:
-        self.evidence += [Evidence(kind, record, ident, self.thread, said_at.get(ident)) for ident in proposal.evidence
-                          if ident not in self.unlogged]
+    def cite(self, kind: str, record: str, proposal: Proposal, said_at: dict[str, datetime | None],
+             set_at: datetime | None = None) -> None:
+        """Evidence rows for the messages the proposal cites; set_at: when the fact value they taught was written."""
+        self.evidence += [Evidence(kind, record, ident, self.thread, said_at.get(ident), set_at)
+                          for ident in proposal.evidence if ident not in self.unlogged]
 
     def cites(self, kind: str, record: str) -> bool:
         return any(e.kind == kind and e.record == record for e in self.evidence)
@@ -233,7 +235,7 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
                                             replaces=_outranks(shelf, proposal.source))
-                plan.cite("fact", fact.key, proposal, said_at)
+                plan.cite("fact", fact.key, proposal, said_at, now)  # its history row, written at `now`
                 done.append(replace(proposal, record=fact.key))
             elif index in new:
                 memory = shelf.store.add_memories(owner, [new[index]], now)[0]

@@ -325,4 +325,9 @@ RESET ROLE;
 ALTER TABLE memories ADD COLUMN confirmed_at timestamptz;
 ALTER TABLE memories ADD COLUMN confirmed_from text;
 """),
+    # A fact's evidence names the value it taught (the set_at of the history row learning wrote), as on SQLite
+    # (m018_evidence_set_at there); older rows have none.
+    ("m013_evidence_set_at", """
+ALTER TABLE learned_from ADD COLUMN set_at timestamptz;
+"""),
 ]

@@ -363,4 +363,9 @@ END;
 -- tokenizer and filled from its rows after this script (stores/sqlite.py). Text without marks is indexed as before.
 SELECT 1;
 """),
+    ("m018_evidence_set_at", """
+-- A fact's evidence names the value it taught: the set_at of the history row learning wrote (stores.base.Evidence),
+-- so forgetting a thread with cascade takes that value and leaves one the caller set. Older rows have none.
+ALTER TABLE learned_from ADD COLUMN set_at TEXT;
+"""),
 ]

@@ -160,6 +160,10 @@ class Evidence:
     message_id: str
     thread: str | None
     said_at: datetime | None
+    set_at: datetime | None = None
+    """For a fact: when learning wrote the value this message taught (the set_at of that history row), so that
+    forgetting the thread takes that value and no other; None for a memory, for a value the message only said
+    again, and for evidence written before memshelf kept it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,9 +356,12 @@ class RecordStore(ABC):
         raise StoreError(f"{type(self).__name__} cannot erase one message: implement delete_message")
 
     @abstractmethod
-    def forget_thread(self, owner: Owner, thread: str, cascade: bool) -> Erased:
-        """Erase the thread's messages, watermark and evidence; with cascade, also the memories and facts (with
-        their history) whose every evidence row points into the thread."""
+    def forget_thread(self, owner: Owner, thread: str, cascade: bool,
+                      outranks: Callable[[str, str], bool] | None = None) -> Erased:
+        """Erase the thread's messages, watermark and evidence; with cascade, also the memories whose every
+        evidence row points into the thread, and of the facts whose every evidence row does, the values the thread
+        taught (Evidence.set_at): a fact whose current value was taught goes back to what its remaining history
+        gives, by time with outranks(new source, held source), or goes when nothing remains."""
 
     # API keys of the HTTP server (only their hashes are stored)
     @abstractmethod

@@ -386,19 +386,19 @@ class SQLRecords(Store):
         with self._owner_scope(owner.tenant) as db:
             for e in rows:
                 db.execute(self._sql("INSERT INTO learned_from (tenant, user_id, kind, record, message_id, thread,"
-                                     " said_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+                                     " said_at, set_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
                            (owner.tenant, owner.user, e.kind, e.record, e.message_id, e.thread,
-                            self._time_in(e.said_at)))
+                            self._time_in(e.said_at), self._time_in(e.set_at)))
 
     def evidence(self, owner: Owner, kind: str | None, record: str | None) -> list[Evidence]:
-        query = f"SELECT kind, record, message_id, thread, said_at FROM learned_from WHERE {_USER}"
+        query = f"SELECT kind, record, message_id, thread, said_at, set_at FROM learned_from WHERE {_USER}"
         params: tuple = (owner.tenant, owner.user)
         if kind is not None:
             query += " AND kind = ? AND record = ?"
             params += (kind, record)
         with self._owner_scope(owner.tenant, write=False) as db:
             rows = db.execute(self._sql(query + " ORDER BY pk"), params).fetchall()
-        return [Evidence(r[0], r[1], r[2], r[3], self._time_out(r[4])) for r in rows]
+        return [Evidence(r[0], r[1], r[2], r[3], self._time_out(r[4]), self._time_out(r[5])) for r in rows]
 
     def _drop_evidence(self, db: Statements, owner: Owner, kind: str, records: Sequence[str]) -> int:
         """Delete the evidence of records that are gone; returns how many rows."""
@@ -407,6 +407,38 @@ class SQLRecords(Store):
             gone += db.execute(self._sql(f"DELETE FROM learned_from WHERE {_USER} AND kind = ? AND record = ?"),
                                (owner.tenant, owner.user, kind, record)).rowcount
         return gone
+
+    def _forget_learned_fact(self, db: Statements, owner: Owner, thread: str, key: str,
+                             outranks: Callable[[str, str], bool] | None) -> tuple[int, int]:
+        """Erase the values of fact `key` that the thread taught (the history rows its evidence names by set_at),
+        and its current value if it is one of them: the fact then holds what its remaining history gives, replayed
+        by time with set_fact's rule, or goes when none remains. A value the caller set, before or after, stays.
+        Evidence from before set_at was kept names no value: then the fact goes whole, as it used to.
+        Returns (facts rows deleted, history rows deleted)."""
+        params = (owner.tenant, owner.user, key)
+        taught = {row[0] for row in db.execute(self._sql(
+            f"SELECT set_at FROM learned_from WHERE {_USER} AND kind = 'fact' AND record = ? AND thread = ?"
+            " AND set_at IS NOT NULL"), (*params, thread)).fetchall()}
+        if not taught:
+            return tuple(db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND key = ?"), params).rowcount
+                         for table in ("facts", "fact_history"))  # type: ignore[return-value]
+        history = db.execute(self._sql(f"SELECT pk, value, source, set_at FROM fact_history WHERE {_USER}"
+                                       " AND key = ? ORDER BY set_at, pk"), params).fetchall()
+        learned = [row[0] for row in history if row[3] in taught]
+        for pk in learned:
+            db.execute(self._sql("DELETE FROM fact_history WHERE pk = ?"), (pk,))
+        current = db.execute(self._sql(f"SELECT updated_at FROM facts WHERE {_USER} AND key = ?"), params).fetchone()
+        if current is None or current[0] not in taught:
+            return 0, len(learned)
+        held = None
+        for row in (row for row in history if row[3] not in taught):
+            if held is None or (outranks(row[2], held[2]) if outranks else True):
+                held = row
+        if held is None:
+            return db.execute(self._sql(f"DELETE FROM facts WHERE {_USER} AND key = ?"), params).rowcount, len(learned)
+        db.execute(self._sql(f"UPDATE facts SET value = ?, source = ?, updated_at = ? WHERE {_USER} AND key = ?"),
+                   (held[1], held[2], held[3], *params))
+        return 0, len(learned)
 
     def _learned_only_from(self, db: Statements, owner: Owner, thread: str, kind: str) -> list[str]:
         """The records of a kind whose every evidence row points into the thread."""
@@ -429,9 +461,12 @@ class SQLRecords(Store):
         pending = self._erased(counts, set(), whole_owner=False) if counts["messages"] else self.scrub_pending
         return erased_from(counts, scrub_pending=pending)
 
-    def forget_thread(self, owner: Owner, thread: str, cascade: bool) -> Erased:
+    def forget_thread(self, owner: Owner, thread: str, cascade: bool,
+                      outranks: Callable[[str, str], bool] | None = None) -> Erased:
         """One transaction: what was learned only from the thread (with cascade), then the thread's evidence,
-        watermark and messages."""
+        watermark and messages. outranks(new, held): whether a value from source `new` replaces one from `held`
+        (set_fact's rule, the Shelf's sources), to find a fact's value once the learned ones are gone; without it,
+        the latest remaining value."""
         user_thread = self._sql(f"WHERE {_USER} AND thread = ?")
         params = (owner.tenant, owner.user, thread)
         counts: dict[str, int] = {}
@@ -441,9 +476,11 @@ class SQLRecords(Store):
                 memories = self._learned_only_from(db, owner, thread, "memory")
                 facts = self._learned_only_from(db, owner, thread, "fact")
                 counts["memories"], touched = self._delete_memories(db, owner, memories) if memories else (0, set())
-                for table in ("facts", "fact_history"):
-                    counts[table] = sum(db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND key = ?"),
-                                                   (owner.tenant, owner.user, key)).rowcount for key in facts)
+                counts["facts"] = counts["fact_history"] = 0
+                for key in facts:
+                    gone_fact, gone_changes = self._forget_learned_fact(db, owner, thread, key, outranks)
+                    counts["facts"] += gone_fact
+                    counts["fact_history"] += gone_changes
                 counts["learned_from"] = (self._drop_evidence(db, owner, "memory", memories)
                                           + self._drop_evidence(db, owner, "fact", facts))
             for table in ("learned_from", "learn_marks", "messages"):
