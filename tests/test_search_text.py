@@ -134,7 +134,8 @@ def test_sqlite_file_from_before_m017_keeps_marks_in_words_once_opened(tmp_path,
 
 def test_postgres_database_from_before_m011_is_reindexed(pg_server, monkeypatch):
     url = pg_server.empty_database()
-    monkeypatch.setattr(pg_module, "MIGRATIONS", [m for m in PG_MIGRATIONS if m[0] != "m011_cjk_pairs"])
+    monkeypatch.setattr(pg_module, "MIGRATIONS", [m for m in PG_MIGRATIONS
+                                                  if m[0] not in ("m011_cjk_pairs", "m014_word_marks")])
     with Shelf(PostgresStore(url), embedder=None) as shelf:
         shelf.remember(KALEB, "office", TOKYO)
         shelf.remember(KALEB, "office", FOLLOWER)
@@ -147,3 +148,22 @@ def test_postgres_database_from_before_m011_is_reindexed(pg_server, monkeypatch)
                                                                      by_confidence=False)] == [FOLLOWER, TOKYO]
         assert [h.memory.content for h in shelf.search(KALEB, "printer room")] == [FOLLOWER]
     assert _pairs_in_index("postgres", url) == 2
+
+
+def test_postgres_database_from_before_m014_keeps_marks_in_words_once_opened(pg_server, monkeypatch):
+    url = pg_server.empty_database()
+    tamil, nfd = "அவர் சென்னையில் வசிக்கிறார்.", "Kaleb lives in Zu\u0308rich."
+    monkeypatch.setattr(pg_module, "MIGRATIONS", [m for m in PG_MIGRATIONS if m[0] != "m014_word_marks"])
+    with Shelf(PostgresStore(url), embedder=None) as shelf:
+        for text in (tamil, nfd, FOLLOWER):
+            shelf.remember(KALEB, "travel", text)
+        assert list(shelf.search(KALEB, "சென்னையில்")) == list(shelf.search(KALEB, "Zürich")) == []
+    monkeypatch.undo()
+    with Shelf(PostgresStore(url), embedder=None) as shelf:
+        assert "m014_word_marks" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
+        assert [h.memory.content for h in shelf.search(KALEB, "சென்னையில்")] == [tamil]
+        assert [h.memory.content for h in shelf.search(KALEB, "Zürich")] == [nfd]
+        assert [h.memory.content for h in shelf.search(KALEB, "printer room")] == [FOLLOWER]  # English as before
+    # the conversation context of the turn after the Tamil one was rewritten with its words whole
+    assert _rows("postgres", url, "SELECT context_search @@ to_tsquery('memshelf_text', %s) FROM memories"
+                 " WHERE content = %s", ("'சென்னையில்'", nfd)) == [(True,)]

@@ -204,8 +204,10 @@ def test_non_ascii_words_are_found(shelf):
 
 @pytest.mark.parametrize("stored, asked", [
     ("राहुल दिल्ली में रहता है।", "राहुल कहाँ रहता है?"),  # Devanagari: vowel signs are combining marks
+    ("அவர் சென்னையில் வசிக்கிறார்.", "சென்னையில் யார்?"),  # Tamil: a virama ends the word
     ("שָׁלוֹם לְכֻלָּם", "שָׁלוֹם"),  # pointed Hebrew
-    ("Kaleb lives in Köln.", "Ko\u0308ln"),  # asked decomposed (NFD)
+    ("Kaleb lives in Zu\u0308rich.", "Zürich"),  # stored decomposed (NFD), asked composed
+    ("Kaleb lives in Köln.", "Ko\u0308ln"),  # and the other way round
 ])
 def test_words_written_with_combining_marks_are_found(shelf, stored, asked):
     shelf.remember(KALEB, "travel", stored)
