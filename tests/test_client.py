@@ -97,6 +97,10 @@ def test_records_come_back_as_the_shelfs_types(served: Served) -> None:
         assert hit.memory == memory and hit.score == pytest.approx(served.shelf.search(owner, "printer",
                                                                                          mode="keyword")[0].score)
         assert client.key().tenant == TENANT
+        client.set_fact(owner, "city", "Porto")
+        kept = client.set_fact(owner, "city", "Lisbon", "inferred")  # history only: its own time, not Porto's
+        assert kept.value == "Porto" and kept.outranked is not None
+        assert kept.outranked.set_at == served.shelf.fact_history(owner, "city")[-1].set_at > kept.updated_at
 
 
 def test_errors_are_the_shelfs_exceptions_with_the_servers_advice(served: Served) -> None:

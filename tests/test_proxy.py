@@ -33,6 +33,7 @@ from test_server import LiveServer, free_port, wait_healthy
 openai = pytest.importorskip("openai")
 
 ANSWER = "Noted, I will remember that."
+LONG_ANSWER = "word " * 3_500  # 17,500 characters: more than one message holds
 TENANT = "home"
 GATE_SECONDS = 10.0
 
@@ -55,9 +56,10 @@ class FakeUpstream:
             if body["model"] == "missing":
                 return JSONResponse({"error": {"message": "model 'missing' not found", "type": "not_found"}}, 404)
             if not body.get("stream"):
+                answer = LONG_ANSWER if body["model"] == "long" else ANSWER
                 return JSONResponse({
                     "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": body["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
                                  "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}})
 
@@ -260,6 +262,40 @@ def test_owners_stay_apart_across_users_and_tenants(proxy: Proxy) -> None:
         model="tiny", user="dan", messages=[{"role": "user", "content": "Where do I live?"}])
     system = proxy.upstream.system_of()
     assert "Oslo" in system and "Lisbon" not in system and "Madrid" not in system
+
+
+def test_long_turns_are_forwarded_logged_whole_and_learned_from(proxy: Proxy) -> None:
+    """A message over a message's 16,000 characters (or with a NUL) is a valid chat request: it was refused with a
+    422, and a long answer was not logged (nor the exchange learned from)."""
+    chat = client(proxy)
+    asked = "Summarise this: " + "lorem ipsum " * 2_000 + "\x00 the end."
+    reply = chat.chat.completions.create(model="tiny", user="lena", messages=[{"role": "user", "content": asked}])
+    assert reply.choices[0].message.content == ANSWER
+    assert proxy.upstream.received[-1]["messages"][-1]["content"] == asked  # forwarded as it was
+    turns = eventually(lambda: (t := thread_of(proxy, "lena", "chat")) and len(t) >= 3 and t)
+    assert [role for role, _ in turns] == ["user", "user", "assistant"]
+    assert "".join(text for role, text in turns if role == "user") == asked.replace("\x00", "\ufffd")
+    long = chat.chat.completions.create(model="long", user="lena", messages=[
+        {"role": "user", "content": "I live in Berlin. Write me a long essay."}])
+    assert long.choices[0].message.content == LONG_ANSWER
+    assert eventually(lambda: facts_of(proxy, "lena").get("home_city")) == "Berlin"
+    logged = thread_of(proxy, "lena", "chat")[3:]
+    assert [role for role, _ in logged] == ["user", "assistant", "assistant"]
+    assert "".join(text for role, text in logged if role == "assistant") == LONG_ANSWER  # in two messages
+
+
+def test_a_tool_call_round_trip_logs_the_users_turn_once(proxy: Proxy) -> None:
+    chat = client(proxy)
+    asked = {"role": "user", "content": "What is the weather in Oslo?"}
+    chat.chat.completions.create(model="tiny", user="tove", messages=[asked])
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]}
+    chat.chat.completions.create(model="tiny", user="tove", messages=[
+        asked, call, {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}])
+    turns = eventually(lambda: (t := thread_of(proxy, "tove", "chat")) and len(t) >= 3 and t)
+    time.sleep(0.3)
+    assert thread_of(proxy, "tove", "chat") == [("user", asked["content"]), ("assistant", ANSWER),
+                                                 ("assistant", ANSWER)] == turns
 
 
 def test_models_are_the_upstreams(proxy: Proxy) -> None:

@@ -244,7 +244,9 @@ class Client:
                             json_body={"value": value, "source": source})
         fact: Fact = decode(Fact, answer)
         if answer.get("note"):  # the value given went to history only: say so as the Shelf does
-            fact = dataclasses.replace(fact, outranked=FactChange(key, value, source, fact.updated_at))
+            when = answer.get("outranked_at")
+            fact = dataclasses.replace(fact, outranked=FactChange(
+                key, value, source, fact.updated_at if when is None else datetime.fromisoformat(when)))
         return fact
 
     def facts(self, owner: Owner) -> list[Fact]:

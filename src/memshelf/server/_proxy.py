@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import ConfigError, InvalidInput, MemshelfError
-from ..model import Owner
+from ..model import MAX_CONTENT_CHARS, Owner
 from ..shelf import Shelf
 from ._deps import KEY_SECURITY, TenantDep, checked_key, tenant_of
 from ._errors import ApiError
@@ -126,10 +127,14 @@ def proxy_router(upstream: Upstream, shelf: Shelf) -> APIRouter:
         body = await _chat_body(request)
         owner = Owner(tenant, _user_of(request, body))
         thread = _header(request, THREAD_HEADER) or DEFAULT_THREAD
-        said = _last_user_text(body["messages"])
-        memory = await run_in_threadpool(shelf.build_prompt, "", owner, said) if said.strip() else ""
+        asked = _last_user_text(body["messages"])
+        memory = await run_in_threadpool(_memory_for, shelf, owner, asked)
         if memory:
             body["messages"] = _with_memory(body["messages"], memory)
+        # A request that ends with a tool result or an assistant message continues the exchange: the user said
+        # nothing new, so no user turn is logged again.
+        last = body["messages"][-1]
+        said = asked if isinstance(last, dict) and last.get("role") == "user" else ""
         turns = Turns(upstream, shelf, owner, thread, said)
         if body.get("stream"):
             return await _stream(upstream, body, turns)
@@ -176,10 +181,9 @@ class Turns:
         task.add_done_callback(self.upstream.tasks.discard)
 
     def _log(self) -> None:
-        if self.said.strip():
-            self.shelf.log_message(self.owner, self.thread, "user", self.said)
-        if self.answer and self.answer.strip():
-            self.shelf.log_message(self.owner, self.thread, "assistant", self.answer)
+        for role, text in (("user", self.said), ("assistant", self.answer or "")):
+            for piece in _pieces(text):
+                self.shelf.log_message(self.owner, self.thread, role, piece)
 
     async def _learn(self, retries: int, wait: float | None = None) -> None:
         """Learn from the thread (what was not learned yet); on failure, try again later. One learn at a time per
@@ -235,6 +239,34 @@ def _text(content: Any) -> str:
         return "\n".join(part.get("text", "") for part in content
                          if isinstance(part, dict) and part.get("type") == "text")
     return ""
+
+
+def _memory_for(shelf: Shelf, owner: Owner, asked: str) -> str:
+    """The memory block for the user's last message; facts alone when it has no text. The lookup reads at most the
+    first MAX_CONTENT_CHARS characters of it, NULs left out: a long or odd message is still a valid chat request,
+    and is forwarded whatever the lookup makes of it."""
+    question = _loggable(asked)[:MAX_CONTENT_CHARS]
+    try:
+        return shelf.build_prompt("", owner, question if question.strip() else "")
+    except InvalidInput as exc:
+        log.warning("no memory block for a message of %s: %s", owner, exc)
+        return ""
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _loggable(text: str) -> str:
+    """Text as a message can hold it: no NUL, no lone surrogate (each becomes U+FFFD)."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _pieces(text: str) -> list[str]:
+    """A turn as messages: consecutive pieces of at most MAX_CONTENT_CHARS characters (a message's limit), so a
+    long turn is logged whole and learned from, not dropped."""
+    text = _loggable(text)
+    return [piece for start in range(0, len(text), MAX_CONTENT_CHARS)
+            if (piece := text[start:start + MAX_CONTENT_CHARS]).strip()]
 
 
 def _last_user_text(messages: list[Any]) -> str:

@@ -189,9 +189,15 @@ class FactIn(Strict):
 
 
 @fields_of(Fact, omit={"outranked"}, extra={"note": (str | None, Field(default=None, description=(
-    "set when the value given was kept in history only: the current value comes from a stronger source")))})
+    "set when the value given was kept in history only: the current value comes from a stronger source"))),
+    "outranked_at": (datetime | None, Field(default=None, description=(
+        "with note: when the value given was kept in history")))})
 class FactOut(Out):
-    pass
+    @classmethod
+    def of(cls, record: object) -> Self:
+        answer = super().of(record)
+        outranked = getattr(record, "outranked", None)
+        return answer if outranked is None else answer.model_copy(update={"outranked_at": outranked.set_at})
 
 
 @fields_of(FactChange)
