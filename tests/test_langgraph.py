@@ -328,6 +328,10 @@ def test_over_a_client_it_answers_as_over_the_shelf(target: str) -> None:
         seen.append(store.list_namespaces(prefix=("home",)))
         store.delete(kaleb, "printer")
         seen.append([i.key for i in store.search(("home", "kaleb"))])
+        for n in range(40):
+            store.put(("home", "ivo"), f"note{n}", {"text": f"Printer note {n}."})
+        # 30 wanted: the store asked the server for 120 hits, past its search limit of 100
+        seen.append(len(store.search(("home", "ivo"), query="printer note", limit=30)))
         return seen
 
     with Shelf.open(target, embedder=None) as shelf:

@@ -90,6 +90,9 @@ def _seconds(ttl: float | timedelta | None) -> float | None:
 class Client:
     """memshelf's HTTP API as a Shelf. `key` is a tenant key; `transport` is for tests (an httpx transport)."""
 
+    max_search_limit = 100
+    """The most hits one search may ask the server for (a Shelf's own search takes up to 1,000)."""
+
     def __init__(self, url: str, key: str, *, timeout: float = 60.0, retries: int = 3,
                  transport: httpx.BaseTransport | None = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):

@@ -184,14 +184,15 @@ class ShelfStore(BaseStore):
             return stored.namespace[2:][:len(path)] == path and _matches(stored.value, op.filter or {})
 
         if op.query:
-            asked = min(MOST_HITS, max(50, 4 * wanted))
+            most = getattr(self.shelf, "max_search_limit", MOST_HITS)  # a Client's server takes fewer
+            asked = min(most, max(50, 4 * wanted))
             while True:
                 hits = self.shelf.search(owner, op.query, limit=asked)
                 found = [(stored, hit.score) for hit in hits
                          if (stored := _decode(hit.memory, owner)) is not None and keep(stored)]
-                if len(found) >= wanted or len(hits) < asked or asked == MOST_HITS:
+                if len(found) >= wanted or len(hits) < asked or asked == most:
                     break
-                asked = min(MOST_HITS, asked * 4)
+                asked = min(most, asked * 4)
             chosen = found[offset:wanted]
         else:
             items = sorted((s for s in self._owner_items(owner) if keep(s)),
