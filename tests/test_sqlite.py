@@ -133,6 +133,24 @@ def test_memory_database_is_shared_across_threads():
     assert seen == [1]
 
 
+def test_threads_writing_and_reading_a_memory_database_wait_for_each_other():
+    """Connections to one ':memory:' database share a cache, where another's table lock was an immediate 'table
+    is locked' (no busy timeout): a LangGraph store's abatch or four threads remembering failed at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shelf = Shelf.open(":memory:", embedder=None)
+
+    def work(n: int) -> int:
+        shelf.remember(KALEB, "notes", f"Note {n} about the garden.")
+        shelf.set_fact(KALEB, f"k{n % 5}", str(n))
+        return len(shelf.list_memories(KALEB, limit=200)[0]) + len(shelf.search(KALEB, "garden", limit=3))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(seen >= 2 for seen in pool.map(work, range(120)))
+    assert len(shelf.list_memories(KALEB, limit=200)[0]) == 120
+    shelf.close()
+
+
 def test_forgetting_a_memory_removes_it_from_its_neighbours_context(tmp_path):
     db = tmp_path / "memory.db"
     shelf = Shelf.open(db, embedder=None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import NamedTuple, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 
@@ -65,6 +65,8 @@ def parse_ts(value: str | None) -> datetime | None:
 def _memory(row: Sequence) -> Memory:
     return memory_from_row(row, parse_ts)
 
+
+_T = TypeVar("_T")
 
 _BAD_DATA = {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE}
 _NO_ACCESS = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH}
@@ -370,9 +372,28 @@ class SQLiteStore(SQLRecords):
 
     def _run(self, conn: sqlite3.Connection, sql: str) -> None:
         try:
-            conn.execute(sql)
+            self._waiting(conn.execute, sql, ())
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
+
+    def _waiting(self, call: Callable[[str, Any], _T], sql: str, params: Any) -> _T:
+        """call(sql, params), waiting out another connection's table lock in an in-memory database. Its connections
+        share one cache, where a lock held by another connection is SQLITE_LOCKED at once, not a wait: the busy
+        timeout does not apply, so threads sharing a ':memory:' shelf failed at once. The statement did not run,
+        so it is tried again (a statement is atomic: one that failed wrote nothing), for up to the busy timeout.
+        A file's connections wait in SQLite itself."""
+        if not self._memory_db:
+            return call(sql, params)
+        deadline, pause = time.monotonic() + self._busy_ms / 1000, 0.001
+        while True:
+            try:
+                return call(sql, params)
+            except sqlite3.OperationalError as exc:
+                code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+                if code != sqlite3.SQLITE_LOCKED or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _undo(self, conn: sqlite3.Connection, depth: int, name: str) -> None:
         """Roll back what atomic() began. The error that got us here is the one the caller sees: a rollback that
@@ -400,13 +421,31 @@ class SQLiteStore(SQLRecords):
 
     def _q(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
         try:
-            return self._connection().execute(sql, params)
+            return self._waiting(self._connection().execute, sql, params)
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
     def _many(self, sql: str, rows: Iterable[Sequence]) -> None:
+        conn = self._connection()
         try:
-            self._connection().executemany(sql, rows)
+            if not self._memory_db:
+                conn.executemany(sql, rows)
+                return
+            # Each row is a statement of its own: in a savepoint, the rows written before a lock are undone before
+            # the whole batch is tried again.
+            batch = list(rows)
+
+            def in_savepoint(statement: str, params: Any) -> None:
+                conn.execute("SAVEPOINT memshelf_many")
+                try:
+                    conn.executemany(statement, params)
+                except BaseException:
+                    conn.execute("ROLLBACK TO memshelf_many")
+                    raise
+                finally:
+                    conn.execute("RELEASE memshelf_many")
+
+            self._waiting(in_savepoint, sql, batch)
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
