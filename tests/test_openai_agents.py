@@ -102,6 +102,26 @@ def test_the_runner_keeps_the_conversation_in_memshelf(memory: Any) -> None:
     assert erased.messages == len(logged) - 1 and asyncio.run(session.get_items()) == []
 
 
+def test_long_and_odd_items_come_back_whole(memory: Any) -> None:
+    """An item over a message's 16,000 characters (a long tool output, a long message) failed the run and left the
+    items before it written; text with a NUL failed too. They are kept in parts, or as JSON, and come back as given."""
+    session = ShelfSession(memory, OWNER, thread="long")
+    items = [{"role": "user", "content": "Summarise: " + "lorem ipsum " * 3_000},
+             {"type": "function_call_output", "call_id": "call_1", "output": "detail " * 5_000},
+             {"role": "user", "content": "a\x00b"},
+             {"role": "assistant", "content": "Done."}]
+    asyncio.run(session.add_items(items))
+    assert asyncio.run(session.get_items()) == items
+    assert asyncio.run(session.get_items(limit=3)) == items[1:]
+    assert asyncio.run(session.pop_item()) == items[3]
+    assert asyncio.run(session.pop_item()) == items[2]
+    assert asyncio.run(session.pop_item()) == items[1]  # its three messages go together
+    assert asyncio.run(session.get_items()) == items[:1]
+    with pytest.raises(TypeError):
+        asyncio.run(session.add_items([{"role": "user", "content": "kept?"}, {"output": object()}]))
+    assert asyncio.run(session.get_items()) == items[:1]  # checked before anything was written
+
+
 def test_clear_session_erases_the_thread_only(memory: Any) -> None:
     session, other = ShelfSession(memory, OWNER, thread="a"), ShelfSession(memory, OWNER, thread="b")
     asyncio.run(session.add_items([{"role": "user", "content": "Hello."}]))

@@ -11,24 +11,30 @@ The conversation lives in memshelf, under its retention (the shelf's message TTL
 (forget_thread, forget_user) and learning: `shelf.learn(owner, thread=...)` reads the user's turns as they were
 said. A message item with text content is kept as its role and text, so it reads as the conversation it was (an
 assistant's output parts become their text); any other item (a tool call, its output, reasoning) is kept whole as
-JSON in a `tool` turn and comes back exactly. The shelf may be a Shelf or a memshelf.Client; its calls run in a
-worker thread, so the event loop never waits on the database.
+JSON in a `tool` turn and comes back exactly. An item longer than a message holds (16,000 characters) is kept in
+consecutive messages of its role, each after the first marked PART_PREFIX, and comes back whole. The shelf may be
+a Shelf or a memshelf.Client; its calls run in a worker thread, so the event loop never waits on the database.
+add_items writes all of the items or none on a Shelf (one transaction); through a Client each is its own request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 from typing import Any
 
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
-from ..model import ROLES, Message, Owner
+from ..model import MAX_CONTENT_CHARS, ROLES, Message, Owner
 
-__all__ = ["ITEM_PREFIX", "ShelfSession"]
+__all__ = ["ITEM_PREFIX", "PART_PREFIX", "ShelfSession"]
 
 ITEM_PREFIX = "memshelf-agents-item:"
 """How a `tool` turn that holds a whole SDK item as JSON begins (a person's text never does)."""
+PART_PREFIX = "memshelf-agents-part:"
+"""How a turn that continues the one before it begins: the rest of an item too long for one message."""
 _TEXT_PARTS = ("input_text", "output_text", "text")
 PAGE = 1_000
 
@@ -60,28 +66,55 @@ class ShelfSession:
 
     # ---------------------------------------------------------------- the work, in a worker thread
     def _items(self, limit: int | None) -> list[Any]:
-        newest_first: list[Message] = []
+        return [item_of(head.role, text) for head, _, text in reversed(self._newest(limit))]
+
+    def _newest(self, limit: int | None) -> list[tuple[Message, list[Message], str]]:
+        """The newest `limit` items (all with None), newest first: each item's first message, all its messages,
+        and its whole content."""
+        found: list[tuple[Message, list[Message], str]] = []
+        parts: list[Message] = []  # the continuations read so far of the item being read, newest first
         cursor: str | None = None
-        while limit is None or len(newest_first) < limit:
-            size = PAGE if limit is None else min(PAGE, limit - len(newest_first))
-            page, cursor = self.shelf.list_messages(self.owner, self.thread, limit=size, cursor=cursor)
-            newest_first += page
+        while limit is None or len(found) < limit:
+            page, cursor = self.shelf.list_messages(self.owner, self.thread, limit=PAGE, cursor=cursor)
+            for message in page:
+                if message.content.startswith(PART_PREFIX):
+                    parts.append(message)
+                    continue
+                rest = "".join(part.content[len(PART_PREFIX):] for part in reversed(parts))
+                found.append((message, [message, *parts], message.content + rest))
+                parts = []
+                if limit is not None and len(found) == limit:
+                    break
             if cursor is None:
                 break
-        return [item_of(m.role, m.content) for m in reversed(newest_first)]
+        return found
 
     def _add(self, items: list[Any]) -> None:
         ttl = {} if self.ttl is None else {"ttl": self.ttl}
-        for item in items:
-            role, content = turn_of(item)
-            self.shelf.log_message(self.owner, self.thread, role, content, **ttl)
+        turns = [(role, piece) for item in items for role, content in (turn_of(item),) for piece in _split(content)]
+        store = getattr(self.shelf, "store", None)
+        with store.atomic() if store is not None else contextlib.nullcontext():  # a Shelf: all or nothing
+            for role, piece in turns:
+                self.shelf.log_message(self.owner, self.thread, role, piece, **ttl)
 
     def _pop(self) -> Any | None:
-        newest, _ = self.shelf.list_messages(self.owner, self.thread, limit=1)
+        newest = self._newest(1)
         if not newest:
             return None
-        self.shelf.forget_message(self.owner, newest[0].id)
-        return item_of(newest[0].role, newest[0].content)
+        head, messages, content = newest[0]
+        for message in messages:
+            self.shelf.forget_message(self.owner, message.id)
+        return item_of(head.role, content)
+
+
+def _split(content: str) -> list[str]:
+    """A turn's content as messages: the first MAX_CONTENT_CHARS characters, then the rest in parts marked
+    PART_PREFIX."""
+    if len(content) <= MAX_CONTENT_CHARS:
+        return [content]
+    size = MAX_CONTENT_CHARS - len(PART_PREFIX)
+    return [content[:MAX_CONTENT_CHARS]] + [PART_PREFIX + content[start:start + size]
+                                            for start in range(MAX_CONTENT_CHARS, len(content), size)]
 
 
 def turn_of(item: Any) -> tuple[str, str]:
@@ -89,15 +122,28 @@ def turn_of(item: Any) -> tuple[str, str]:
     as JSON in a `tool` turn."""
     if isinstance(item, dict) and item.get("role") in ROLES and item.get("type", "message") == "message":
         content = item.get("content")
-        if isinstance(content, str) and content.strip() and not content.startswith(ITEM_PREFIX):
+        if isinstance(content, str) and _plain(content):
             return item["role"], content
         if isinstance(content, list) and content and all(
                 isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
                 for part in content):
             text = "".join(part["text"] for part in content)
-            if text.strip() and not text.startswith(ITEM_PREFIX):
+            if _plain(text):
                 return item["role"], text
-    return "tool", ITEM_PREFIX + json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    whole = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    if not whole.isascii() and _UNSENDABLE.search(whole):  # a lone surrogate: escaped, it travels as ASCII
+        whole = json.dumps(item, separators=(",", ":"))
+    return "tool", ITEM_PREFIX + whole
+
+
+_UNSENDABLE = re.compile("[\ud800-\udfff]")
+
+
+def _plain(text: str) -> bool:
+    """Whether a message's text can be kept as the text itself: not blank, not looking like a kept item or part,
+    and holding nothing a message cannot (a NUL, a lone surrogate): such text is kept as JSON, which escapes it."""
+    return (bool(text.strip()) and not text.startswith((ITEM_PREFIX, PART_PREFIX)) and "\x00" not in text
+            and not _UNSENDABLE.search(text))
 
 
 def item_of(role: str, content: str) -> Any:
