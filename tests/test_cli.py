@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import subprocess
 import sys
@@ -102,8 +103,12 @@ def test_keys(tmp_path):
     assert created["secret"].startswith("ms_") and created["key"]["tenant"] == "acme"
     listed = ok(tmp_path, "keys", "list").stdout
     assert created["key"]["id"] in listed and created["secret"] not in listed
-    ok(tmp_path, "keys", "revoke", created["key"]["id"])
+    assert json.loads(ok(tmp_path, "--json", "keys", "revoke", created["key"]["id"]).stdout) == {
+        "revoked": created["key"]["id"]}
     assert "revoked" in ok(tmp_path, "keys", "list").stdout
+    admin = json.loads(ok(tmp_path, "--json", "keys", "create", "--admin").stdout)  # MEMSHELF_TENANT is set here
+    assert admin["key"]["tenant"] is None
+    assert "not both" in run(tmp_path, "keys", "create", "--admin", "--tenant", "acme").stderr
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -405,7 +410,7 @@ def test_list_get_forget_fact_stats_and_forget_tenant(tmp_path):
     listed = ok(tmp_path, "list", "--limit", "2")
     lines = listed.stdout.splitlines()
     assert [line.split("] ")[-1] for line in lines] == ["printer 2", "printer 1"]
-    assert "more: memshelf list --cursor " in listed.stderr
+    assert "more: memshelf list --limit 2 --cursor " in listed.stderr
     cursor = listed.stderr.split("--cursor ")[1].strip()
     assert ok(tmp_path, "list", "--limit", "2", "--cursor", cursor).stdout.splitlines()[0].endswith("printer 0")
     ident = lines[0].split()[0]
@@ -440,7 +445,7 @@ def test_users_lists_the_tenants_users_with_counts_paged_and_filtered(tmp_path):
     first = ok(tmp_path, "users", "--limit", "1", "--contains", "MA")
     assert first.stdout.startswith("max_b  ")
     more = first.stderr.strip()
-    assert more.startswith("more: memshelf users --contains MA --cursor ")
+    assert more.startswith("more: memshelf users --limit 1 --contains MA --cursor ")
     rest = ok(tmp_path, *more.removeprefix("more: memshelf ").split())
     assert rest.stdout.startswith("maya  0 memories, 0 facts, 1 message") and rest.stderr == ""
     assert ok(tmp_path, "users", "--contains", "_").stdout.startswith("max_b  ")
@@ -517,7 +522,14 @@ def test_list_filters_confirm_and_expire(tmp_path):
         "The router is an ASUS.", "Kaleb likes green tea.", "The printer is on 192.168.1.40."]
     paged = ok(tmp_path, "list", "--topic", "network", "--limit", "1")
     assert paged.stdout.endswith("The router is an ASUS.\n")
-    assert "more: memshelf list --topic network --cursor c1." in paged.stderr
+    assert "more: memshelf list --limit 1 --topic network --cursor c1." in paged.stderr
+    # the command printed is the one typed, global options included: run as printed, it gives the next page
+    ok(tmp_path, "--user", "ana", "--sources", "crm=0.5", "remember", "crm", "Ana called.", "--source", "crm")
+    ok(tmp_path, "--user", "ana", "--sources", "crm=0.5", "remember", "crm", "Ana wrote.", "--source", "crm")
+    first = ok(tmp_path, "--user", "ana", "--sources", "crm=0.5", "list", "--limit", "1", "--source", "crm")
+    more = first.stderr.strip().removeprefix("more: ")
+    assert more.startswith("memshelf --user ana --sources crm=0.5 list --limit 1 --source crm --cursor ")
+    assert ok(tmp_path, *shlex.split(more)[1:]).stdout.endswith("Ana called.\n")
     assert ok(tmp_path, "list", "--contains", "TEA").stdout.endswith("Kaleb likes green tea.\n")
     guess = json.loads(ok(tmp_path, "--json", "list", "--source", "inferred").stdout)["memories"][0]
     confirmed = ok(tmp_path, "confirm", guess["id"])

@@ -132,6 +132,19 @@ def test_a_destination_record_that_is_not_the_sources_is_a_conflict(tmp_path: Pa
     assert exports(str(tmp_path / "dest.db"), [KALEB, MAYA]) == before
 
 
+def test_a_key_revoked_since_the_last_run_is_revoked_by_the_next(tmp_path: Path) -> None:
+    """A rerun skipped every key the destination had, so a key revoked in the source stayed live in the copy."""
+    with Shelf.open(tmp_path / "memory.db", embedder=None) as shelf:
+        key, secret = shelf.create_key("home")
+    migrate(str(tmp_path / "memory.db"), str(tmp_path / "dest.db"))
+    with Shelf.open(tmp_path / "memory.db", embedder=None) as shelf:
+        shelf.revoke_key(key.id)
+    migrate(str(tmp_path / "memory.db"), str(tmp_path / "dest.db"))
+    with Shelf.open(tmp_path / "dest.db", embedder=None) as copy:
+        assert copy.authenticate(secret) is None
+        assert [k.revoked_at is not None for k in copy.list_keys()] == [True]
+
+
 def test_a_complete_copy_is_not_a_conflict(tmp_path: Path) -> None:
     populate(tmp_path / "memory.db")
     migrate(str(tmp_path / "memory.db"), str(tmp_path / "dest.db"))

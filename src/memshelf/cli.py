@@ -143,6 +143,27 @@ def _settings(ctx: typer.Context) -> Settings:
     return ctx.obj  # type: ignore[no-any-return]
 
 
+def _next_page(ctx: typer.Context, command: str, cursor: str) -> str:
+    """The command that prints the next page: this one as it was typed (the options given on the command line,
+    the global ones included, never what came from the environment or a default), with the new cursor."""
+    words = ["memshelf"]
+    for context in (ctx.find_root(), ctx):
+        for param in context.command.params:
+            name = param.name or ""
+            given = context.get_parameter_source(name)
+            if name == "cursor" or given is None or given.name != "COMMANDLINE":  # typer vendors click's enum
+                continue
+            flag = max(getattr(param, "opts", []), key=len)
+            value = context.params.get(name)
+            if value is True:
+                words.append(flag)
+            elif value not in (None, False):
+                words += [flag, shlex.quote(str(value))]
+        if context is not ctx:
+            words.append(command)
+    return " ".join([*words, "--cursor", cursor])
+
+
 def _plain(value: Any) -> Any:
     """Dataclasses, datetimes and lists of them as JSON-ready values."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -215,10 +236,7 @@ def list_(ctx: typer.Context, limit: int = typer.Option(50, help="How many memor
     for memory in page:
         _print_memory(memory)
     if next_cursor:
-        again = [f"--{name} {shlex.quote(value)}" for name, value in (
-            ("topic", topic), ("source", source), ("contains", contains), ("order", order)) if value and
-            (name, value) != ("order", "newest")] + (["--superseded"] if superseded else [])
-        err.print(plain(" ".join(["more: memshelf list", *again, f"--cursor {next_cursor}"])))
+        err.print(plain("more: " + _next_page(ctx, "list", next_cursor)))
     elif not page:
         err.print("no memories")
 
@@ -271,8 +289,7 @@ def users(ctx: typer.Context, limit: int = typer.Option(50, help="How many users
         out.print(plain(f"{user.user}  {counted(user.memories, 'memories')}, {counted(user.facts, 'facts')}, "
                         f"{counted(user.messages, 'messages')}{newest}"))
     if next_cursor:
-        again = f" --contains {shlex.quote(contains)}" if contains else ""
-        err.print(plain(f"more: memshelf users{again} --cursor {next_cursor}"))
+        err.print(plain("more: " + _next_page(ctx, "users", next_cursor)))
     elif not page:
         err.print("no users" + (f" whose id contains {contains!r}" if contains else ""))
 
@@ -314,8 +331,8 @@ def search(ctx: typer.Context, question: str,
     if explain:
         table.add_column("found by")
         table.add_column("score")
-        table.add_column("why")
-        table.add_column("id")
+        table.add_column("why", overflow="fold")
+        table.add_column("id", no_wrap=True, min_width=18)  # an id is copied whole, never cut
     for hit in result:
         row = [f"{hit.memory.confidence:.1f}", f"[{hit.memory.topic}]", hit.memory.content]
         if explain:
@@ -732,8 +749,10 @@ def keys_create(ctx: typer.Context,
                 admin: bool = typer.Option(False, "--admin", help="An admin key (keys, tenant erasure).")) -> None:
     """Create an API key and print its secret once."""
     s = _settings(ctx)
-    tenant = tenant or s.tenant
-    if admin == bool(tenant):
+    if admin and tenant:
+        raise MemshelfError("pass either --tenant NAME for a tenant key or --admin for an admin key, not both")
+    tenant = None if admin else tenant or s.tenant  # MEMSHELF_TENANT is the default tenant, not a claim on --admin
+    if not admin and not tenant:
         raise MemshelfError("pass either --tenant NAME for a tenant key or --admin for an admin key")
     with _shelf(ctx, embedder=None) as shelf:
         key, secret = shelf.create_key(None if admin else tenant, name)
@@ -763,7 +782,10 @@ def keys_revoke(ctx: typer.Context, key_id: str) -> None:
     """Revoke an API key; requests with it get 401 from then on."""
     with _shelf(ctx, embedder=None) as shelf:
         shelf.revoke_key(key_id)
-    out.print(plain(f"revoked {key_id}"))
+    if _settings(ctx).as_json:
+        _emit_json({"revoked": key_id})
+    else:
+        out.print(plain(f"revoked {key_id}"))
 
 
 @app.command()

@@ -178,9 +178,12 @@ def _copy_learning(source: Store, dest: Store, owner: Owner, report: MigrationRe
 
 
 def _copy_keys(source: Store, dest: Store, report: MigrationReport) -> None:
-    present = {k.id for k in dest.list_keys(None)}
+    present = {k.id: k for k in dest.list_keys(None)}
     for key, secret_hash in source.api_keys():
-        if key.id in present:
+        there = present.get(key.id)
+        if there is not None:  # copied by an earlier run: a revocation since then goes too (a key never revives)
+            if key.revoked_at is not None and there.revoked_at is None:
+                dest.revoke_key(key.id, key.revoked_at)
             continue
         dest.add_key(key, secret_hash)
         if key.revoked_at is not None:
