@@ -85,6 +85,12 @@ def test_export_import_round_trip(tmp_path):
     assert counts == {"memories": 1, "facts": 1, "messages": 0}
     again = ok(tmp_path, "export", env={"MEMSHELF_USER": "maya"}).stdout
     assert again == dump.read_text()
+    lines = dump.read_text().splitlines()
+    broken = tmp_path / "broken.jsonl"  # errors name the file's line, blank lines counted
+    broken.write_text("\n".join([lines[0], "", lines[1], '{"kind": "memory", "id": "m_1"}', *lines[2:]]) + "\n")
+    assert "line 4 of" in run(tmp_path, "--user", "ines", "import", str(broken)).stderr
+    broken.write_text("\n".join([lines[0], "", "{not json"]) + "\n")
+    assert "cannot read line 3 of" in run(tmp_path, "--user", "ines", "import", str(broken)).stderr
 
 
 def test_forget_user_purge_and_facts_history(tmp_path):
@@ -310,6 +316,9 @@ def test_an_unknown_extractor_creates_no_database(tmp_path):
     ('{"role": "user", "content": "I live in Porto.", "at": "2026-05-01 09:30"}\n', "with a time zone"),
     ("\n\n", "holds no turns"),
     (b"\xff\xfe{}", "UTF-8"),
+    ('{"role": "user", "content": "ok"}\n\n{"role": "human", "content": "I live in Porto."}\n', "line 3 of"),
+    ('{"role": "user", "content": "I live in Porto.", "at": "2999-01-01T00:00:00Z"}\n', "line 1 of"),
+    ('{"role": "user", "content": "I live in Porto.", "id": "a\\u0000b"}\n', "line 1 of"),
 ])
 def test_a_bad_turns_file_is_one_line_naming_the_line(tmp_path, content, needle):
     turns = tmp_path / "turns.jsonl"

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
@@ -31,8 +32,10 @@ from rich.text import Text
 from .embedders.base import embedder_availability, registered_providers
 from .errors import ExtractorError, InvalidInput, MemshelfError
 from .keywords import keywords, search_terms
-from .learning.base import Extractor, Plan, Proposal, resolve_extractor
-from .model import MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, counted, sources_from_text
+from .exports import MAX_CLOCK_SKEW
+from .learning.base import Extractor, Plan, Proposal, Turn, resolve_extractor
+from .model import (MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, check_role, counted,
+                    sources_from_text)
 from .shelf import Shelf
 from .stores.base import Erased
 
@@ -524,6 +527,13 @@ def _turn_of(line: str, number: int, path: Path) -> dict[str, Any]:
         turn["id"] = str(row["id"])
     if row.get("at") is not None:
         turn["at"] = _instant(row["at"], where)
+        if turn["at"] > datetime.now(UTC) + MAX_CLOCK_SKEW:
+            raise InvalidInput(f"{where}: 'at' {turn['at'].isoformat()} is in the future; give when it was said")
+    try:  # what learn() checks of a turn, named by its line here
+        check_role(turn["role"])
+        Turn.of(turn)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
     return turn
 
 
@@ -674,14 +684,28 @@ def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON L
     s = _settings(ctx)
     try:
         lines = in_file.read_text(encoding="utf-8").splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError) as exc:
         raise MemshelfError(f"cannot read {in_file}: {exc}; pass a file written by `memshelf export`") from exc
-    except RecursionError:
-        raise MemshelfError(f"cannot read {in_file}: a line is nested too deeply to be a memshelf record; pass a "
-                            "file written by `memshelf export`") from None
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for number, line in numbered:
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            raise MemshelfError(f"cannot read line {number} of {in_file}: {exc}; pass a file written by "
+                                "`memshelf export`") from exc
+        except RecursionError:
+            raise MemshelfError(f"cannot read line {number} of {in_file}: it is nested too deeply to be a memshelf "
+                                "record; pass a file written by `memshelf export`") from None
     with _shelf(ctx) as shelf:  # the configured embedder: it checks the length of vectors stamped with its model
-        counts = shelf.import_(s.owner(), records)
+        try:
+            counts = shelf.import_(s.owner(), records)
+        except InvalidInput as exc:  # "import record N: ...": the Nth record, which is the file's line numbered[N-1]
+            found = re.match(r"import record (\d+): ", str(exc))
+            if found is None or not 1 <= int(found.group(1)) <= len(numbered):
+                raise
+            at_line = numbered[int(found.group(1)) - 1][0]
+            raise InvalidInput(f"line {at_line} of {in_file}: " + str(exc)[found.end():]) from exc
     _emit_json(counts) if s.as_json else out.print(
         "imported " + ", ".join(counted(n, kind) for kind, n in counts.items()))
 
