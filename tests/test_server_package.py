@@ -80,7 +80,8 @@ def test_response_models_show_every_field_of_their_record_in_its_order() -> None
     for model, record in ((MemoryOut, Memory), (HitOut, Hit), (FactChangeOut, FactChange), (MessageOut, Message),
                           (KeyOut, ApiKey), (ErasedOut, Erased)):
         assert list(model.model_fields) == record_fields(record), model.__name__
-    assert list(FactOut.model_fields) == [*(f for f in record_fields(Fact) if f != "outranked"), "note"]
+    assert list(FactOut.model_fields) == [*(f for f in record_fields(Fact) if f != "outranked"), "note",
+                                          "outranked_at"]
     assert HitOut.model_fields["memory"].annotation is MemoryOut
 
 

@@ -35,8 +35,7 @@ from .errors import MemshelfError
 from .learning.base import Plan, Proposal
 from .model import (MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, SOURCES_EXAMPLE, Fact,
                     Hit, Memory, Message, Owner, ROLES, sources_from_text)
-from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem
-from .server._middleware import text_header
+from .server._errors import KEY_HINT, UNAUTHORIZED, error_response, problem, text_header
 from .shelf import Shelf
 
 MAX_RECALL = 20

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
@@ -30,7 +31,7 @@ from ..errors import (ConfigError, Conflict, DimensionMismatch, EmbedderError, E
 
 __all__ = ["ERROR_RESPONSES", "KEY_HINT", "UNAUTHORIZED", "ApiError", "ErrorBody", "ErrorOut", "error_response",
            "http_error_response", "install_error_handlers", "internal_error_response", "memshelf_error_response",
-           "problem", "validation_error_response"]
+           "problem", "text_header", "validation_error_response"]
 
 log = logging.getLogger("memshelf.server")
 
@@ -195,3 +196,17 @@ def install_error_handlers(app: FastAPI, allowed_methods: Callable[[Scope], set[
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_anything_else)
+
+
+def text_header(headers: Headers, name: str) -> str | None:
+    """A header's value as the text the client meant: HTTP carries bytes, which the server reads as Latin-1, so a
+    user "Zoë" sent as UTF-8 arrived as "ZoÃ«" and wrote to another user. Read as UTF-8; bytes that are not UTF-8
+    are refused (InvalidInput) rather than guessed."""
+    value = headers.get(name)
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise InvalidInput(f"the {name} header is not UTF-8 text: send it encoded as UTF-8, or pass the value in "
+                           "the query or the body instead") from None

@@ -1,4 +1,5 @@
-"""ASGI middleware that runs before any route: the API key check and the body size limit."""
+"""ASGI middleware that runs before any route: ids with an encoded '/', the API key check and the body size
+limit."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message as AsgiMessage, Receive, Scope, Send
 
-from ..errors import InvalidInput, MemshelfError
+from ..errors import MemshelfError
 from ._errors import KEY_HINT, UNAUTHORIZED, error_response, memshelf_error_response
 
 if TYPE_CHECKING:
     from ..shelf import Shelf
 
 __all__ = ["MAX_BODY_BYTES", "MAX_CHAT_BYTES", "MAX_IMPORT_BYTES", "MCP_PATH", "SEGMENTS_KEPT", "ApiKeyAuth",
-           "BodyLimit", "EncodedSlashes", "bearer_secret", "body_limit_for", "is_mcp", "kept_segments", "text_header"]
+           "BodyLimit", "EncodedSlashes", "bearer_secret", "body_limit_for", "is_mcp", "kept_segments"]
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body (1 MiB). Larger ones get 413; split a big batch into several requests."""
@@ -67,20 +68,6 @@ def kept_segments(raw: bytes) -> str | None:
         return None
     return "/".join(unquote(segment).replace("%", "%25").replace("/", "%2F")
                     for segment in raw.decode("latin-1").split("/"))
-
-
-def text_header(headers: Headers, name: str) -> str | None:
-    """A header's value as the text the client meant: HTTP carries bytes, which the server reads as Latin-1, so a
-    user "Zoë" sent as UTF-8 arrived as "ZoÃ«" and wrote to another user. Read as UTF-8; bytes that are not UTF-8
-    are refused (InvalidInput) rather than guessed."""
-    value = headers.get(name)
-    if value is None or value.isascii():
-        return value
-    try:
-        return value.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        raise InvalidInput(f"the {name} header is not UTF-8 text: send it encoded as UTF-8, or pass the value in "
-                           "the query or the body instead") from None
 
 
 def bearer_secret(headers: Headers) -> str | None:

@@ -30,8 +30,7 @@ from ..errors import ConfigError, InvalidInput, MemshelfError
 from ..model import MAX_CONTENT_CHARS, Owner
 from ..shelf import Shelf
 from ._deps import KEY_SECURITY, TenantDep, checked_key, tenant_of
-from ._errors import ApiError
-from ._middleware import text_header
+from ._errors import ApiError, text_header
 
 __all__ = ["DEFAULT_THREAD", "THREAD_HEADER", "UPSTREAM_ENV", "UPSTREAM_KEY_ENV", "Upstream", "proxy_router"]
 
