@@ -32,7 +32,7 @@ from rich.text import Text
 from .embedders.base import embedder_availability, registered_providers
 from .errors import ExtractorError, InvalidInput, MemshelfError
 from .keywords import keywords, search_terms
-from .exports import MAX_CLOCK_SKEW
+from .exports import MAX_CLOCK_SKEW, json_lines
 from .learning.base import Extractor, Plan, Proposal, Turn, resolve_extractor
 from .model import (MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, check_role, counted,
                     sources_from_text)
@@ -686,17 +686,8 @@ def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON L
         lines = in_file.read_text(encoding="utf-8").splitlines()
     except (OSError, ValueError) as exc:
         raise MemshelfError(f"cannot read {in_file}: {exc}; pass a file written by `memshelf export`") from exc
-    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    records = []
-    for number, line in numbered:
-        try:
-            records.append(json.loads(line))
-        except ValueError as exc:
-            raise MemshelfError(f"cannot read line {number} of {in_file}: {exc}; pass a file written by "
-                                "`memshelf export`") from exc
-        except RecursionError:
-            raise MemshelfError(f"cannot read line {number} of {in_file}: it is nested too deeply to be a memshelf "
-                                "record; pass a file written by `memshelf export`") from None
+    numbered = json_lines("\n".join(lines), str(in_file))
+    records = [record for _, record in numbered]
     with _shelf(ctx) as shelf:  # the configured embedder: it checks the length of vectors stamped with its model
         try:
             counts = shelf.import_(s.owner(), records)

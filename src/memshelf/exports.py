@@ -35,6 +35,24 @@ MAX_CLOCK_SKEW = timedelta(minutes=5)
 MAX_OBSERVATIONS = 2**31 - 1
 
 
+def json_lines(text: str, source: str) -> list[tuple[int, Any]]:
+    """The values of JSON Lines `text` with their line numbers (blank lines skipped, but counted), or an
+    InvalidInput naming the line of `source` ("the import", a file's name) that is not JSON."""
+    values = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, json.loads(line)))
+        except ValueError as exc:
+            raise InvalidInput(f"line {number} of {source} is not JSON ({exc}): use the export unchanged, one JSON "
+                               "object per line") from exc
+        except RecursionError:
+            raise InvalidInput(f"line {number} of {source} is nested too deeply to be a memshelf record: use the "
+                               "export unchanged") from None
+    return values
+
+
 def iso(when: datetime | None) -> str | None:
     """A time as records write it: ISO 8601 with microseconds and the offset."""
     return None if when is None else when.isoformat(timespec="microseconds")

@@ -136,12 +136,9 @@ class TenantIndexes:
     def retokenize(self, tenant: str) -> None:
         """The tenant's tables made again with this TOKENIZER (a table's tokenizer is fixed when it is created), and
         filled from its rows."""
-        names = self.names(tenant)
-        if names is None:
+        if self.names(tenant) is None:
             return
-        for name in names:
-            self._q(f"DROP TABLE IF EXISTS {name}")
-        self._q("DELETE FROM fts_tenants WHERE tenant = ?", (tenant,))
+        self.drop(tenant)
         self._fill(tenant, *self._create(tenant))
 
     def rebuild(self, tenant: str) -> None:

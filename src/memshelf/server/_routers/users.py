@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import InvalidInput
+from ...exports import json_lines
 from ...model import MAX_ID_CHARS
 from ...shelf import MAX_USERS_CURSOR_CHARS
 from .._deps import ListLimit, OwnerDep, ShelfDep, TenantDep, WorkerRoute
@@ -72,17 +73,7 @@ def parse_json_lines(body: bytes) -> list[dict[str, Any]]:
     except UnicodeDecodeError as exc:
         raise InvalidInput("the import body is not UTF-8: send the export file unchanged") from exc
     records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise InvalidInput(f"line {number} of the import is not JSON ({exc}): send the export file "
-                               "unchanged, one JSON object per line") from exc
-        except RecursionError:
-            raise InvalidInput(f"line {number} of the import is nested too deeply to be a memshelf record: send "
-                               "the export file unchanged") from None
+    for number, record in json_lines(text, "the import"):
         if not isinstance(record, dict):
             raise InvalidInput(f"line {number} of the import is not a JSON object: each line is one record")
         records.append(record)
