@@ -406,6 +406,21 @@ def test_forget_thread_with_cascade_keeps_what_the_caller_set(shelf, clock):
     assert exported == []  # the evidence went with the threads
 
 
+def test_a_thread_that_only_said_a_fact_again_takes_nothing_with_it(shelf, clock):
+    """Evidence of a value said again (SAID_AGAIN) taught nothing: forgetting that thread with cascade erases no
+    value (before, such evidence looked as old as evidence without set_at, and the whole fact went)."""
+    shelf.set_fact(KALEB, "home_city", "Lisbon", "mined")
+    clock.advance(60)
+    shelf.log_message(KALEB, "a", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="a")
+    shelf.log_message(KALEB, "b", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="b")
+    assert shelf.forget_thread(KALEB, "a", cascade=True).facts == 0  # b still says it
+    erased = shelf.forget_thread(KALEB, "b", cascade=True)
+    assert (erased.facts, erased.fact_changes) == (0, 0)
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Lisbon", "Porto"]
+
+
 def test_forget_user_leaves_nothing_learned_behind(shelf):
     shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
     shelf.learn(KALEB, thread="t1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -711,7 +712,10 @@ class Shelf:
         evidence message is (a value the caller set stays, and becomes current again if a taught one had replaced
         it). A record with evidence in another thread, or none (written by the caller), stays."""
         thread = check_text("thread", thread, MAX_TOPIC_CHARS)
-        return self.store.forget_thread(_check_owner(owner), thread, bool(cascade), self._outranks)
+        owner = _check_owner(owner)
+        if "outranks" in inspect.signature(self.store.forget_thread).parameters:
+            return self.store.forget_thread(owner, thread, bool(cascade), outranks=self._outranks)
+        return self.store.forget_thread(owner, thread, bool(cascade))  # a store written before outranks
 
     def forget_user(self, owner: Owner) -> Erased:
         """Erase every trace of the owner: memories, vectors, index entries, facts and their history, messages."""

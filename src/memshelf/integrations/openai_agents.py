@@ -102,8 +102,10 @@ class ShelfSession:
         if not newest:
             return None
         head, messages, content = newest[0]
-        for message in messages:
-            self.shelf.forget_message(self.owner, message.id)
+        store = getattr(self.shelf, "store", None)
+        with store.atomic() if store is not None else contextlib.nullcontext():
+            for message in reversed(messages):  # the parts first: a part never outlives its head
+                self.shelf.forget_message(self.owner, message.id)
         return item_of(head.role, content)
 
 
@@ -147,7 +149,11 @@ def _plain(text: str) -> bool:
 
 
 def item_of(role: str, content: str) -> Any:
-    """The session item a logged turn holds."""
+    """The session item a logged turn holds (an item cut short, by a write through a Client that failed half way,
+    comes back as the text that was kept rather than breaking every later read)."""
     if content.startswith(ITEM_PREFIX):
-        return json.loads(content[len(ITEM_PREFIX):])
+        try:
+            return json.loads(content[len(ITEM_PREFIX):])
+        except ValueError:
+            pass
     return {"role": role, "content": content}

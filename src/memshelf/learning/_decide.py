@@ -23,7 +23,7 @@ from ..errors import ExtractorError, InvalidInput, MemshelfError
 from ..exports import MAX_CLOCK_SKEW
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
                      Owner, check_role, check_text, check_topic)
-from ..stores.base import Evidence, Mark
+from ..stores.base import SAID_AGAIN, Evidence, Mark
 from .base import Extractor, Known, Plan, Proposal, Turn, resolve_extractor
 from .dates import resolve_dates
 
@@ -161,7 +161,7 @@ class Decider:
         value = check_text("fact value", proposal.value, MAX_FACT_VALUE_CHARS)
         current = self.facts.get(key)
         held = None if current is None else self.shelf.sources.get(current.source, 1.0)
-        if current is not None and current.value == value and (held is None or worth <= held):
+        if current is not None and held is not None and current.value == value and worth <= held:
             skipped = _skip(proposal, f"{key} is already {value!r}")
             self._confirms(skipped)
             return skipped
@@ -244,7 +244,7 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
                 done.append(proposal)
         for confirmed in decider.confirmed:  # a fact the caller set (no evidence) stays the caller's
             if plan.cites("fact", confirmed.key or "") or shelf.store.evidence(owner, "fact", confirmed.key):
-                plan.cite("fact", confirmed.key or "", confirmed, said_at)
+                plan.cite("fact", confirmed.key or "", confirmed, said_at, SAID_AGAIN)  # it taught no value
         shelf.store.add_evidence(owner, plan.evidence)
         if plan.thread is not None and plan.mark is not None:
             shelf.store.set_learn_mark(owner, plan.thread, plan.mark, now)

@@ -54,7 +54,7 @@ class EncodedSlashes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") if scope["type"] == "http" else None
-        if raw and b"%2" in raw and scope["path"].startswith("/v1/"):
+        if raw and raw.startswith(b"/v1/") and b"%2" in raw:  # the API's own segments are never encoded
             kept = kept_segments(raw)
             if kept is not None:
                 scope = {**scope, "path": kept, SEGMENTS_KEPT: True}

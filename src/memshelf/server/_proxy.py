@@ -242,8 +242,8 @@ def _text(content: Any) -> str:
 
 def _memory_for(shelf: Shelf, owner: Owner, asked: str) -> str:
     """The memory block for the user's last message; facts alone when it has no text. The lookup reads at most the
-    first MAX_CONTENT_CHARS characters of it, NULs left out: a long or odd message is still a valid chat request,
-    and is forwarded whatever the lookup makes of it."""
+    first MAX_CONTENT_CHARS characters of it, a NUL or lone surrogate read as U+FFFD: a long or odd message is still
+    a valid chat request, and is forwarded whatever the lookup makes of it."""
     question = _loggable(asked)[:MAX_CONTENT_CHARS]
     try:
         return shelf.build_prompt("", owner, question if question.strip() else "")

@@ -390,10 +390,19 @@ ALTER TABLE memories ADD COLUMN confirmed_from text;
 ALTER TABLE learned_from ADD COLUMN set_at timestamptz;
 """),
     # Words keep their combining marks, and text is read composed (NFC), as keywords.words() reads questions and
-    # SQLite's tokenizer cuts words (m017_word_marks there): the locale's [:alnum:] cut a Tamil word at its virama
+    # SQLite's tables hold text (m017_word_marks there): the locale's [:alnum:] cut a Tamil word at its virama
     # and a decomposed "Zürich" into "zu" and "rich". The search column is remade, and the conversation contexts
-    # holding marks are rewritten. Text without marks is indexed exactly as before.
+    # holding marks are rewritten. Text that has no marks and that NFC leaves alone is indexed exactly as before
+    # (contexts of the rare text NFC changes without marks, such as decomposed Hangul, are left as they were).
+    # The database must be in UTF8 (normalize() refuses others): this says so before anything changes.
     ("m014_word_marks", f"""
+DO $$ BEGIN
+    IF current_setting('server_encoding') <> 'UTF8' THEN  -- normalize() needs it, and so does text of any script
+        RAISE EXCEPTION USING MESSAGE = 'memshelf needs a database in UTF8 encoding, this one is '
+            || current_setting('server_encoding')
+            || ': create one with ENCODING ''UTF8'' and copy into it with memshelf migrate';
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION memshelf_words(text) RETURNS tsvector
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT {_words_of("$1")} $$;

@@ -20,6 +20,7 @@ tenant still share statistics (the tenant is the unit of isolation for ranking; 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 
 from ..keywords import index_text
@@ -41,11 +42,19 @@ INDEX_TEXT = "memshelf_index_text"
 
 
 def register_functions(conn: sqlite3.Connection) -> None:
-    conn.create_function(INDEX_TEXT, 1, index_text, deterministic=True)
+    conn.create_function(INDEX_TEXT, 1, fts_text, deterministic=True)
+
+
+def fts_text(text: str | None) -> str | None:
+    """A text as the tables hold it: composed (NFC), as keywords.words() reads a question (text typed in another
+    order of its marks, or decomposed, is found by the same word), then keywords.index_text's CJK pairs."""
+    if text is None or text.isascii():
+        return text if text is None else index_text(text)
+    return index_text(unicodedata.normalize("NFC", text))
 
 
 def _indexed(*texts: str) -> tuple[str, ...]:
-    return tuple(index_text(text) for text in texts)
+    return tuple(fts_text(text) or "" for text in texts)
 
 
 def table_names(tenant: str) -> tuple[str, str]:

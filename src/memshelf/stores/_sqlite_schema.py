@@ -22,10 +22,10 @@ def _logged(row: str, kind: str) -> str:
             f"        (SELECT generation FROM owner_generation WHERE {owner}) - {CHANGES_KEPT};")
 
 CJK_INDEX = "m010_cjk_pairs"
+"""The migration after whose SQL stores/sqlite.py rebuilds every tenant's full-text tables from its rows."""
 WORD_MARKS = "m017_word_marks"
 """The migration after whose SQL every tenant's full-text tables are made again with marks kept in words
 (stores/_sqlite_fts.py, TOKENIZER)."""
-"""The migration after whose SQL stores/sqlite.py rebuilds every tenant's full-text tables from its rows."""
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", """

@@ -7,7 +7,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -162,8 +162,12 @@ class Evidence:
     said_at: datetime | None
     set_at: datetime | None = None
     """For a fact: when learning wrote the value this message taught (the set_at of that history row), so that
-    forgetting the thread takes that value and no other; None for a memory, for a value the message only said
-    again, and for evidence written before memshelf kept it."""
+    forgetting the thread takes that value and no other; SAID_AGAIN when the message only said the value the fact
+    had (it taught nothing); None for a memory, and for evidence written before memshelf kept it."""
+
+
+SAID_AGAIN = datetime(1970, 1, 1, tzinfo=UTC)
+"""Evidence.set_at of a message that said a fact's value again: no history row is that old (model.EARLIEST)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ from typing import Any, ClassVar, Protocol
 from collections.abc import Callable, Sequence
 
 from ..model import Fact, FactChange, Memory, Message, Owner, UserSummary
-from .base import CONTEXT_TURNS, EVERY, ApiKey, Erased, Evidence, Listing, Mark, Position, Store, View
+from .base import (CONTEXT_TURNS, EVERY, SAID_AGAIN, ApiKey, Erased, Evidence, Listing, Mark, Position, Store,
+                   View)
 from .tables import (OWNER_TABLES, OwnerTable, expiring_record_tables, listed_user_tables, owner_listing_sql,
                      record_tables, stats_sql, table)
 
@@ -409,19 +410,22 @@ class SQLRecords(Store):
         return gone
 
     def _forget_learned_fact(self, db: Statements, owner: Owner, thread: str, key: str,
-                             outranks: Callable[[str, str], bool] | None) -> tuple[int, int]:
+                             outranks: Callable[[str, str], bool] | None) -> tuple[int, int, int]:
         """Erase the values of fact `key` that the thread taught (the history rows its evidence names by set_at),
         and its current value if it is one of them: the fact then holds what its remaining history gives, replayed
         by time with set_fact's rule, or goes when none remains. A value the caller set, before or after, stays.
-        Evidence from before set_at was kept names no value: then the fact goes whole, as it used to.
-        Returns (facts rows deleted, history rows deleted)."""
+        Evidence from before set_at was kept names no value: then the fact goes whole, as it used to. (A message
+        that only said the value the fact had names SAID_AGAIN: it taught nothing, and nothing goes for it.)
+        Returns (facts rows deleted, history rows deleted, facts rows rewritten)."""
         params = (owner.tenant, owner.user, key)
-        taught = {row[0] for row in db.execute(self._sql(
-            f"SELECT set_at FROM learned_from WHERE {_USER} AND kind = 'fact' AND record = ? AND thread = ?"
-            " AND set_at IS NOT NULL"), (*params, thread)).fetchall()}
-        if not taught:
-            return tuple(db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND key = ?"), params).rowcount
-                         for table in ("facts", "fact_history"))  # type: ignore[return-value]
+        named = [row[0] for row in db.execute(self._sql(
+            f"SELECT set_at FROM learned_from WHERE {_USER} AND kind = 'fact' AND record = ? AND thread = ?"),
+            (*params, thread)).fetchall()]
+        if all(when is None for when in named):
+            gone = [db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND key = ?"), params).rowcount
+                    for table in ("facts", "fact_history")]
+            return gone[0], gone[1], 0
+        taught = {when for when in named if when is not None} - {self._time_in(SAID_AGAIN)}
         history = db.execute(self._sql(f"SELECT pk, value, source, set_at FROM fact_history WHERE {_USER}"
                                        " AND key = ? ORDER BY set_at, pk"), params).fetchall()
         learned = [row[0] for row in history if row[3] in taught]
@@ -429,16 +433,17 @@ class SQLRecords(Store):
             db.execute(self._sql("DELETE FROM fact_history WHERE pk = ?"), (pk,))
         current = db.execute(self._sql(f"SELECT updated_at FROM facts WHERE {_USER} AND key = ?"), params).fetchone()
         if current is None or current[0] not in taught:
-            return 0, len(learned)
+            return 0, len(learned), 0
         held = None
         for row in (row for row in history if row[3] not in taught):
             if held is None or (outranks(row[2], held[2]) if outranks else True):
                 held = row
         if held is None:
-            return db.execute(self._sql(f"DELETE FROM facts WHERE {_USER} AND key = ?"), params).rowcount, len(learned)
+            deleted = db.execute(self._sql(f"DELETE FROM facts WHERE {_USER} AND key = ?"), params).rowcount
+            return deleted, len(learned), 0
         db.execute(self._sql(f"UPDATE facts SET value = ?, source = ?, updated_at = ? WHERE {_USER} AND key = ?"),
                    (held[1], held[2], held[3], *params))
-        return 0, len(learned)
+        return 0, len(learned), 1
 
     def _learned_only_from(self, db: Statements, owner: Owner, thread: str, kind: str) -> list[str]:
         """The records of a kind whose every evidence row points into the thread."""
@@ -471,6 +476,7 @@ class SQLRecords(Store):
         params = (owner.tenant, owner.user, thread)
         counts: dict[str, int] = {}
         touched: set[str] = set()
+        rewrites = 0  # facts whose current value was replaced by an older one: its old text is to be scrubbed
         with self._owner_scope(owner.tenant) as db:
             if cascade:
                 memories = self._learned_only_from(db, owner, thread, "memory")
@@ -478,16 +484,18 @@ class SQLRecords(Store):
                 counts["memories"], touched = self._delete_memories(db, owner, memories) if memories else (0, set())
                 counts["facts"] = counts["fact_history"] = 0
                 for key in facts:
-                    gone_fact, gone_changes = self._forget_learned_fact(db, owner, thread, key, outranks)
+                    gone_fact, gone_changes, rewritten = self._forget_learned_fact(db, owner, thread, key, outranks)
                     counts["facts"] += gone_fact
                     counts["fact_history"] += gone_changes
+                    rewrites += rewritten
                 counts["learned_from"] = (self._drop_evidence(db, owner, "memory", memories)
                                           + self._drop_evidence(db, owner, "fact", facts))
             for table in ("learned_from", "learn_marks", "messages"):
                 counts[table] = counts.get(table, 0) + db.execute(f"DELETE FROM {table} {user_thread}",
                                                                   params).rowcount
-            self._erasing(db, counts)
-        pending = self._erased(counts, touched, whole_owner=False) if any(counts.values()) else self.scrub_pending
+            scrubbed = {**counts, "facts": counts.get("facts", 0) + rewrites}
+            self._erasing(db, scrubbed)
+        pending = self._erased(scrubbed, touched, whole_owner=False) if any(scrubbed.values()) else self.scrub_pending
         return erased_from(counts, scrub_pending=pending)
 
     # ------------------------------------------------------------ API keys (admin: a key names its tenant)

@@ -208,6 +208,7 @@ def test_non_ascii_words_are_found(shelf):
     ("שָׁלוֹם לְכֻלָּם", "שָׁלוֹם"),  # pointed Hebrew
     ("Kaleb lives in Zu\u0308rich.", "Zürich"),  # stored decomposed (NFD), asked composed
     ("Kaleb lives in Köln.", "Ko\u0308ln"),  # and the other way round
+    ("\u05e9\u05c1\u05b4\u05dc\u05d5\u05b9\u05dd",) * 2,  # Hebrew marks typed in another order than NFC's
 ])
 def test_words_written_with_combining_marks_are_found(shelf, stored, asked):
     shelf.remember(KALEB, "travel", stored)
