@@ -332,6 +332,9 @@ def test_over_a_client_it_answers_as_over_the_shelf(target: str) -> None:
             store.put(("home", "ivo"), f"note{n}", {"text": f"Printer note {n}."})
         # 30 wanted: the store asked the server for 120 hits, past its search limit of 100
         seen.append(len(store.search(("home", "ivo"), query="printer note", limit=30)))
+        if isinstance(store.shelf, Client):  # past the server's search limit: said, not answered short
+            with pytest.raises(InvalidInput, match="at most 100 items"):
+                store.search(("home", "ivo"), query="printer note", offset=90, limit=20)
         return seen
 
     with Shelf.open(target, embedder=None) as shelf:

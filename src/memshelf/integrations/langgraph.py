@@ -185,6 +185,9 @@ class ShelfStore(BaseStore):
 
         if op.query:
             most = getattr(self.shelf, "max_search_limit", MOST_HITS)  # a Client's server takes fewer
+            if wanted > most:  # it could only answer fewer than asked, and would not say so
+                raise InvalidInput(f"a search with a query reaches at most {most} items here, and offset + limit is "
+                                   f"{wanted}: ask for fewer, or page without a query")
             asked = min(most, max(50, 4 * wanted))
             while True:
                 hits = self.shelf.search(owner, op.query, limit=asked)
