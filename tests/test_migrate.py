@@ -145,6 +145,15 @@ def test_a_key_revoked_since_the_last_run_is_revoked_by_the_next(tmp_path: Path)
         assert [k.revoked_at is not None for k in copy.list_keys()] == [True]
 
 
+def test_the_report_names_each_owner_apart(tmp_path: Path) -> None:
+    """Owners ("a/b", "c") and ("a", "b/c") were one key, "a/b/c", of the report's verified map."""
+    with Shelf.open(tmp_path / "memory.db", embedder=None) as shelf:
+        shelf.remember(Owner("a/b", "c"), "t", "One.")
+        shelf.remember(Owner("a", "b/c"), "t", "Two.")
+    verified = migrate(str(tmp_path / "memory.db"), str(tmp_path / "dest.db")).as_dict()["verified"]
+    assert sorted((v["tenant"], v["user"]) for v in verified) == [("a", "b/c"), ("a/b", "c")]
+
+
 def test_a_complete_copy_is_not_a_conflict(tmp_path: Path) -> None:
     populate(tmp_path / "memory.db")
     migrate(str(tmp_path / "memory.db"), str(tmp_path / "dest.db"))

@@ -61,8 +61,10 @@ class MigrationReport:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
+        # a list, not a map keyed by "tenant/user": a '/' inside a tenant or a user made two owners one key
         return {"owners": self.owners, "copied": dict(self.copied), "notes": self.notes,
-                "verified": {str(c.owner): {**c.counts, "sha256": c.checksum} for c in self.checked}}
+                "verified": [{"tenant": c.owner.tenant, "user": c.owner.user, **c.counts, "sha256": c.checksum}
+                             for c in self.checked]}
 
 
 def migrate(source: str, dest: str, *, batch: int = DEFAULT_BATCH, progress: Progress | None = None
