@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-import shlex
 import os
+import shlex
 import subprocess
 import sys
 
 import pytest
+
+from memshelf import Owner, Shelf
 
 
 def run(tmp_path, *args, env=None, input=None):
@@ -199,6 +201,16 @@ def test_migrate_copies_and_verifies(tmp_path):
     assert ok(tmp_path, "export").stdout == ok(tmp_path, "export", env={"MEMSHELF_DB": str(dest)}).stdout
     same = run(tmp_path, "migrate", str(dest), str(dest))
     assert same.returncode == 1 and "two different stores" in same.stderr
+    relative = subprocess.run([sys.executable, "-m", "memshelf.cli", "migrate", "copy.db", "./copy.db"], cwd=tmp_path,
+                              capture_output=True, text=True, env={**os.environ, "MEMSHELF_EMBEDDER": "none"})
+    assert relative.returncode == 1 and "two different stores" in relative.stderr  # one file, two spellings
+    ok(tmp_path, "--user", "ana", "remember", "home", "Ana lives in Porto.")
+    listed = json.loads(ok(tmp_path, "--json", "--user", "ana", "list").stdout)["memories"]
+    with Shelf.open(tmp_path / "memory.db", embedder=None) as shelf:  # superseded by hand: no verb does it
+        newer = shelf.remember(Owner("home", "ana"), "home", "Ana lives in Lisbon.")
+        shelf.store.supersede_memory(Owner("home", "ana"), listed[0]["id"], newer.id, shelf.now())
+    shown = ok(tmp_path, "--user", "ana", "list", "--superseded").stdout
+    assert f"Ana lives in Porto. (superseded by {newer.id} on " in shown
 
 
 # ---------------------------------------------------------------- learning

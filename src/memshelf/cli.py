@@ -214,8 +214,11 @@ def remember(ctx: typer.Context, topic: str, content: str,
 
 
 def _print_memory(memory: Memory) -> None:
-    """One memory on one line: id, confidence, topic, content (and how often it was said, when more than once)."""
+    """One memory on one line: id, confidence, topic, content (and how often it was said, when more than once, and
+    what replaced it, when it was superseded)."""
     seen = f" (seen {memory.observations} times)" if memory.observations > 1 else ""
+    if memory.superseded_at is not None:
+        seen += f" (superseded by {memory.superseded_by} on {memory.superseded_at:%Y-%m-%d %H:%M})"
     out.print(plain(f"{memory.id}  [{memory.confidence:.1f}] [{memory.topic}] {memory.content}{seen}"))
 
 

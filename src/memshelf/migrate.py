@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
@@ -70,7 +71,7 @@ class MigrationReport:
 def migrate(source: str, dest: str, *, batch: int = DEFAULT_BATCH, progress: Progress | None = None
             ) -> MigrationReport:
     """Open both targets (paths or URLs, as Shelf.open takes them), copy, verify, close."""
-    if source == dest:
+    if source == dest or _same_file(source, dest):
         raise MemshelfError(f"source and destination are both {source!r}: name two different stores")
     check_source(source)
     src = open_store(source)
@@ -177,6 +178,13 @@ def _copy_learning(source: Store, dest: Store, owner: Owner, report: MigrationRe
             dest.set_learn_mark(owner, thread, mark, mark.said_at)
             report.copied["learn_marks"] += 1
 
+
+
+def _same_file(source: str, dest: str) -> bool:
+    """Whether two SQLite paths name one file (./memory.db and memory.db, a path and its absolute form)."""
+    if "://" in source or "://" in dest or ":memory:" in (source, dest):
+        return False
+    return Path(source).expanduser().resolve() == Path(dest).expanduser().resolve()
 
 
 def _copy_keys(source: Store, dest: Store, report: MigrationReport) -> None:
