@@ -468,7 +468,10 @@ def test_users_lists_the_tenants_users_with_counts_paged_and_filtered(tmp_path):
     more = first.stderr.strip()
     assert more.startswith("more: memshelf users --limit 1 --contains MA --cursor ")
     rest = ok(tmp_path, *more.removeprefix("more: memshelf ").split())
-    assert rest.stdout.startswith("maya  0 memories, 0 facts, 1 message") and rest.stderr == ""
+    assert rest.stdout.startswith("maya  0 memories, 0 facts, 1 message")
+    if rest.stderr:  # a full page of one: the command for the next, which holds no more
+        last = ok(tmp_path, *rest.stderr.strip().removeprefix("more: memshelf ").split())
+        assert last.stdout == "" and "no users" in last.stderr
     assert ok(tmp_path, "users", "--contains", "_").stdout.startswith("max_b  ")
     assert ok(tmp_path, "users", "--contains", "%").stderr.strip() == "no users whose id contains '%'"
     as_json = json.loads(ok(tmp_path, "--json", "users", "--tenant", "elsewhere").stdout)

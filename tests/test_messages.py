@@ -73,16 +73,17 @@ def test_cli_errors_say_what_to_do_in_options_and_commands(tmp_path, args, says,
 
 
 def test_an_import_error_keeps_the_cli_advice_and_names_the_missing_field(tmp_path):
-    """An import record's error is said inside "import record N": its advice stays the CLI's."""
+    """An import record's error is said at its line of the file: its advice stays the CLI's."""
     dump = tmp_path / "dump.jsonl"
     dump.write_text(json.dumps({"kind": "fact", "key": "a", "value": "b", "source": "crm",
                                 "updated_at": "2026-01-01T00:00:00+00:00"}) + "\n")
     message = cli_error(tmp_path, "import", str(dump))
-    assert "import record 1: field 'source': unknown source 'crm'" in message and "--sources crm=0.8" in message
+    assert "dump.jsonl: field 'source': unknown source 'crm'" in message and "--sources crm=0.8" in message
+    assert "line 1 of " in message
     assert message.rstrip().endswith("nothing was imported (fix the record or re-export)")
     dump.write_text(json.dumps({"kind": "fact", "key": "a", "value": "b",
                                 "updated_at": "2026-01-01T00:00:00+00:00"}) + "\n")
-    assert "import record 1: field 'source' is missing" in cli_error(tmp_path, "import", str(dump))
+    assert "dump.jsonl: field 'source' is missing" in cli_error(tmp_path, "import", str(dump))
 
 
 def test_counts_of_one_read_as_words(tmp_path):

@@ -695,11 +695,12 @@ def import_(ctx: typer.Context, in_file: Path = typer.Argument(..., help="JSON L
         try:
             counts = shelf.import_(s.owner(), records)
         except InvalidInput as exc:  # "import record N: ...": the Nth record, which is the file's line numbered[N-1]
-            found = re.match(r"import record (\d+): ", str(exc))
+            found = re.match(r"import record (\d+): ", exc.problem)
             if found is None or not 1 <= int(found.group(1)) <= len(numbered):
                 raise
             at_line = numbered[int(found.group(1)) - 1][0]
-            raise InvalidInput(f"line {at_line} of {in_file}: " + str(exc)[found.end():]) from exc
+            raise type(exc)(f"line {at_line} of {in_file}: " + exc.problem[found.end():], exc.advice, fix=exc.fix,
+                            subject=exc.subject, after=exc.after) from exc  # its fix kept: the CLI says it its way
     _emit_json(counts) if s.as_json else out.print(
         "imported " + ", ".join(counted(n, kind) for kind, n in counts.items()))
 
