@@ -32,10 +32,10 @@ from rich.text import Text
 from .embedders.base import embedder_availability, registered_providers
 from .errors import ExtractorError, InvalidInput, MemshelfError
 from .keywords import keywords, search_terms
-from .exports import MAX_CLOCK_SKEW, json_lines
-from .learning.base import Extractor, Plan, Proposal, Turn, resolve_extractor
-from .model import (MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, check_role, counted,
-                    sources_from_text)
+from .exports import json_lines
+from .learning._decide import given_turn
+from .learning.base import Extractor, Plan, Proposal, resolve_extractor
+from .model import MODES, SOURCES_EXAMPLE, FactChange, Memory, Owner, counted, sources_from_text
 from .shelf import Shelf
 from .stores.base import Erased
 
@@ -530,11 +530,8 @@ def _turn_of(line: str, number: int, path: Path) -> dict[str, Any]:
         turn["id"] = str(row["id"])
     if row.get("at") is not None:
         turn["at"] = _instant(row["at"], where)
-        if turn["at"] > datetime.now(UTC) + MAX_CLOCK_SKEW:
-            raise InvalidInput(f"{where}: 'at' {turn['at'].isoformat()} is in the future; give when it was said")
     try:  # what learn() checks of a turn, named by its line here
-        check_role(turn["role"])
-        Turn.of(turn)
+        given_turn(turn, datetime.now(UTC))
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc}") from None
     return turn

@@ -31,7 +31,7 @@ from .errors import (ConfigError, Conflict, DimensionMismatch, EmbedderError, Em
                      ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
                      UnknownSource)
 from .learning.base import Plan, Turn
-from .model import Fact, FactChange, Hit, Memory, Message, Owner, SearchResult, UserSummary
+from .model import MAX_SEARCH_LIMIT, Fact, FactChange, Hit, Memory, Message, Owner, SearchResult, UserSummary
 from .stores.base import ApiKey, Erased, Evidence
 
 __all__ = ["MAX_BATCH", "AsyncClient", "Client"]
@@ -90,7 +90,7 @@ def _seconds(ttl: float | timedelta | None) -> float | None:
 class Client:
     """memshelf's HTTP API as a Shelf. `key` is a tenant key; `transport` is for tests (an httpx transport)."""
 
-    max_search_limit = 100
+    max_search_limit = MAX_SEARCH_LIMIT
     """The most hits one search may ask the server for (a Shelf's own search takes up to 1,000)."""
 
     def __init__(self, url: str, key: str, *, timeout: float = 60.0, retries: int = 3,

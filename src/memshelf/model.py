@@ -19,6 +19,9 @@ MAX_CONFIDENCE = 1.0
 
 MAX_CONTENT_CHARS = 16_000
 """Longest memory or message text accepted. Split longer documents into statements before remembering them."""
+MAX_SEARCH_LIMIT = 100
+"""The most hits one search over HTTP asks for (the server's bound, which memshelf.Client keeps too); a Shelf's own
+search takes more."""
 MAX_TOPIC_CHARS = 200
 MAX_ID_CHARS = 200
 MAX_FACT_KEY_CHARS = 200
@@ -35,6 +38,8 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 """Instants outside [EARLIEST, LATEST] are refused: they overflow date arithmetic or do not sort as stored text."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""What no record's text can hold (check_text refuses it): a NUL, or a lone surrogate (no UTF-8 for it)."""
 
 
 def utcnow() -> datetime:

@@ -22,12 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from typing import Any
 
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
-from ..model import MAX_CONTENT_CHARS, ROLES, Message, Owner
+from ..model import MAX_CONTENT_CHARS, ROLES, UNSTORABLE, Message, Owner
 
 __all__ = ["ITEM_PREFIX", "PART_PREFIX", "ShelfSession"]
 
@@ -133,19 +132,15 @@ def turn_of(item: Any) -> tuple[str, str]:
             if _plain(text):
                 return item["role"], text
     whole = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
-    if not whole.isascii() and _UNSENDABLE.search(whole):  # a lone surrogate: escaped, it travels as ASCII
+    if not whole.isascii() and UNSTORABLE.search(whole):  # a lone surrogate (JSON escapes a NUL): escaped too
         whole = json.dumps(item, separators=(",", ":"))
     return "tool", ITEM_PREFIX + whole
-
-
-_UNSENDABLE = re.compile("[\ud800-\udfff]")
 
 
 def _plain(text: str) -> bool:
     """Whether a message's text can be kept as the text itself: not blank, not looking like a kept item or part,
     and holding nothing a message cannot (a NUL, a lone surrogate): such text is kept as JSON, which escapes it."""
-    return (bool(text.strip()) and not text.startswith((ITEM_PREFIX, PART_PREFIX)) and "\x00" not in text
-            and not _UNSENDABLE.search(text))
+    return bool(text.strip()) and not text.startswith((ITEM_PREFIX, PART_PREFIX)) and not UNSTORABLE.search(text)
 
 
 def item_of(role: str, content: str) -> Any:

@@ -42,20 +42,26 @@ GIVEN = "turn-"
 so when it was said, for relative dates) but is never written as evidence, since no logged message has it."""
 
 
+def given_turn(item: object, now: datetime) -> Turn:
+    """One turn passed in directly, checked as learn() and an import check it: a mapping (or Turn) with a known
+    role, an id that is printable text, and a time with a zone, not later than now."""
+    try:
+        turn = Turn.of(item)  # type: ignore[arg-type]
+    except (ExtractorError, AttributeError) as exc:
+        raise InvalidInput(f"each message must be a mapping with role and content: {exc}") from None
+    check_role(turn.role)
+    if turn.at is not None and turn.at > now + MAX_CLOCK_SKEW:
+        raise InvalidInput(f"a turn's 'at' {turn.at.isoformat()} is in the future (now is {now.isoformat()}): "
+                           "give when it was said")
+    return turn
+
+
 def turns_given(messages: object, now: datetime) -> tuple[list[Turn], frozenset[str]]:
     """Turns passed in directly, checked (what was said cannot be said later than now, as an import checks it),
     and the plan-local ids given to those that came without one."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidInput("messages must be a list of turns like {'role': 'user', 'content': 'I live in Lisbon.'}")
-    try:
-        turns = [Turn.of(item) for item in messages]  # type: ignore[arg-type]
-    except (ExtractorError, AttributeError) as exc:
-        raise InvalidInput(f"each message must be a mapping with role and content: {exc}") from None
-    for turn in turns:
-        check_role(turn.role)
-        if turn.at is not None and turn.at > now + MAX_CLOCK_SKEW:
-            raise InvalidInput(f"a turn's 'at' {turn.at.isoformat()} is in the future (now is {now.isoformat()}): "
-                               "give when it was said")
+    turns = [given_turn(item, now) for item in messages]
     taken = {turn.id for turn in turns}
     local: dict[int, str] = {}
     for index, turn in enumerate(turns):

@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import ConfigError, InvalidInput, MemshelfError
-from ..model import MAX_CONTENT_CHARS, Owner
+from ..model import MAX_CONTENT_CHARS, UNSTORABLE, Owner
 from ..shelf import Shelf
 from ._deps import KEY_SECURITY, TenantDep, checked_key, tenant_of
 from ._errors import ApiError, text_header
@@ -252,12 +251,9 @@ def _memory_for(shelf: Shelf, owner: Owner, asked: str) -> str:
         return ""
 
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
 def _loggable(text: str) -> str:
     """Text as a message can hold it: no NUL, no lone surrogate (each becomes U+FFFD)."""
-    return _UNSTORABLE.sub("\ufffd", text)
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def _pieces(text: str) -> list[str]:

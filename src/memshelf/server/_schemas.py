@@ -15,8 +15,8 @@ from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Fiel
                       model_validator)
 
 from ..learning.base import Plan, Proposal, Usage
-from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, FactChange, Hit, Memory,
-                     Message, Mode, ROLES, UserSummary)
+from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_SEARCH_LIMIT, MAX_TOPIC_CHARS, Fact, FactChange,
+                     Hit, Memory, Message, Mode, ROLES, UserSummary)
 from ..stores.base import ApiKey, Erased, Evidence
 
 __all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
@@ -26,7 +26,6 @@ __all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_T
            "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict", "TurnIn", "UsageOut", "UserOut",
            "erased_response", "fields_of"]
 
-MAX_SEARCH_LIMIT = 100
 MAX_BATCH = 1_000
 MAX_LEARN_TURNS = 1_000
 

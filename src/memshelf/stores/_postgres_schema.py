@@ -118,6 +118,24 @@ def _words_of(text: str) -> str:
             f" '[^[:alnum:]{_MARKS}]+', ' ', 'g'))")
 
 
+def _contexts_rewritten(holding: str) -> str:
+    """SQL that makes again, with memshelf_words as it now is, the conversation context of every memory in a
+    conversation (owner, topic) whose contents match `holding` (a condition on `content`). The conversations come
+    first, in a CTE: as an IN (...) under row-level security PostgreSQL matched every row against each of its
+    conversation's rows (135 s at 100,000 rows; 0.8 s so)."""
+    return f"""SET LOCAL ROLE {ADMIN_ROLE};
+WITH touched AS MATERIALIZED (SELECT DISTINCT tenant, user_id, topic FROM memories WHERE {holding})
+UPDATE memories f SET context_search = (
+    SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM (
+        SELECT p.pk, p.content FROM memories p
+        WHERE p.tenant = f.tenant AND p.user_id = f.user_id AND p.topic = f.topic AND p.pk < f.pk
+        ORDER BY p.pk DESC LIMIT 2) p)
+FROM touched
+WHERE f.tenant = touched.tenant AND f.user_id = touched.user_id AND f.topic = touched.topic
+  AND f.context_search IS NOT NULL;
+RESET ROLE;"""
+
+
 def tenant_wall(tables: Sequence[str]) -> str:
     """The wall every owner table has, for tables a later migration creates (pass their names, never the registry,
     so the migration's SQL stays what it was when applied): row-level security enabled and forced, the tenant policy
@@ -365,18 +383,7 @@ ALTER TABLE memories ADD COLUMN search tsvector GENERATED ALWAYS AS (
     to_tsvector('memshelf_text'::regconfig,
                 regexp_replace(memshelf_index_text(topic || ' ' || content), '[^[:alnum:]]+', ' ', 'g'))) STORED;
 CREATE INDEX memories_search ON memories USING gin (search);
--- The conversations (owner, topic) that hold CJK text come first, in a CTE: as an IN (...) under row-level
--- security PostgreSQL matched every row against each of its conversation's rows (135 s at 100,000 rows; 0.8 s so).
-SET LOCAL ROLE {ADMIN_ROLE};
-WITH cjk AS MATERIALIZED (SELECT DISTINCT tenant, user_id, topic FROM memories WHERE content ~ '{_CJK}')
-UPDATE memories f SET context_search = (
-    SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM (
-        SELECT p.pk, p.content FROM memories p
-        WHERE p.tenant = f.tenant AND p.user_id = f.user_id AND p.topic = f.topic AND p.pk < f.pk
-        ORDER BY p.pk DESC LIMIT 2) p)
-FROM cjk
-WHERE f.tenant = cjk.tenant AND f.user_id = cjk.user_id AND f.topic = cjk.topic AND f.context_search IS NOT NULL;
-RESET ROLE;
+{_contexts_rewritten(f"content ~ '{_CJK}'")}
 """),
     # A mined or inferred memory the user vouched for becomes stated (Shelf.confirm); the row records when, and
     # the source it had, as on SQLite (m011_confirmed there).
@@ -409,16 +416,6 @@ CREATE OR REPLACE FUNCTION memshelf_words(text) RETURNS tsvector
 ALTER TABLE memories DROP COLUMN search;
 ALTER TABLE memories ADD COLUMN search tsvector GENERATED ALWAYS AS ({_words_of("topic || ' ' || content")}) STORED;
 CREATE INDEX memories_search ON memories USING gin (search);
-SET LOCAL ROLE {ADMIN_ROLE};
-WITH marked AS MATERIALIZED (SELECT DISTINCT tenant, user_id, topic FROM memories WHERE content ~ '[{_MARKS}]')
-UPDATE memories f SET context_search = (
-    SELECT memshelf_words(string_agg(p.content, ' ' ORDER BY p.pk)) FROM (
-        SELECT p.pk, p.content FROM memories p
-        WHERE p.tenant = f.tenant AND p.user_id = f.user_id AND p.topic = f.topic AND p.pk < f.pk
-        ORDER BY p.pk DESC LIMIT 2) p)
-FROM marked
-WHERE f.tenant = marked.tenant AND f.user_id = marked.user_id AND f.topic = marked.topic
-  AND f.context_search IS NOT NULL;
-RESET ROLE;
+{_contexts_rewritten(f"content ~ '[{_MARKS}]'")}
 """),
 ]
