@@ -323,17 +323,21 @@ class SQLiteStore(SQLRecords):
             try:
                 conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, check_same_thread=False,
                                        timeout=self._busy_ms / 1000)
-                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                # A new thread's connection to an in-memory database waits out another's schema lock (_waiting).
+                def setting(pragma: str) -> None:
+                    self._waiting(conn.execute, f"PRAGMA {pragma}", ())
+
+                setting(f"busy_timeout = {self._busy_ms}")
                 if not self._memory_db:
-                    conn.execute("PRAGMA journal_mode = WAL")
-                    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the store's _Checkpointer copies the WAL
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.execute("PRAGMA secure_delete = ON")  # erased text is overwritten, not left in free pages
-                conn.execute("PRAGMA foreign_keys = ON")
+                    setting("journal_mode = WAL")
+                    setting("wal_autocheckpoint = 0")  # the store's _Checkpointer copies the WAL
+                setting("synchronous = NORMAL")
+                setting("secure_delete = ON")  # erased text is overwritten, not left in free pages
+                setting("foreign_keys = ON")
                 # Read pages through the OS page cache instead of SQLite's 2 MB per-connection cache: a keyword
                 # search visits one memories row (and one FTS docsize row) per match, and at 100k memories those
                 # pages no longer fit the default cache. Address space only; shared by every connection.
-                conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+                setting(f"mmap_size = {MMAP_BYTES}")
                 register_functions(conn)
             except sqlite3.Error as exc:
                 raise translate(exc, self.path) from exc
