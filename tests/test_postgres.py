@@ -23,7 +23,7 @@ from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
 from memshelf.model import Memory, NewMemory
 from memshelf.stores.base import Evidence
 from memshelf.stores.postgres import (
-    Blob, PostgresStore, bm25_query, exact_query, index_names, index_statements, tsquery_text)
+    Blob, PostgresStore, bm25_query, exact_query, index_names, index_statements)
 from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
 from memshelf.stores import postgres as pg_module
 from memshelf.stores.sqlite import SQLiteStore
@@ -240,7 +240,7 @@ def test_the_documented_login_role_runs_every_operation(login_role, tmp_path):
         assert store.erase_tenant("wall-a").facts == 1
         assert [o.tenant for o in store.owners()] == ["wall-b"]
         assert store.scrub() == ["fact_history", "facts", "learn_marks", "learned_from", "memories",
-                                 "memory_pieces", "messages"]  # no CHECKPOINT right: skipped
+                                 "memory_pieces", "memory_words", "messages"]  # no CHECKPOINT right: skipped
         store.add_memories(Owner("wall-b", "bob"), _new(_unit_rows(6, 5, 8), "login-8"), T0)
         assert store.wait_for_indexes(120)
         assert all(_index_state(login_role, "login-8", 8).values())
@@ -712,7 +712,7 @@ def test_a_scrub_waits_for_a_transaction_that_could_still_see_the_erased_rows(pg
         reader.rollback()
         reader.close()
         scrubber.join(60)
-        assert scrubbed == [["memories", "memory_pieces"]]  # pieces go with their memory
+        assert scrubbed == [["memories", "memory_pieces", "memory_words"]]  # pieces and words go with their memory
     assert set(_files_holding(pg_server.data_dir, url, [b"quokkavault", b"quokkatopic"]).values()) <= {"r", "t"}
     pg_server.drop(url)
 
@@ -748,8 +748,8 @@ def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_th
     with Shelf.open(pg_fresh_url, embedder=None) as shelf:
         _fill(shelf, A, "thimble")
         shelf.forget_user(A)
-    assert _queued(pg_fresh_url) == {"memories", "memory_pieces", "facts", "fact_history", "messages"}
-    gin = _relfilenode(pg_fresh_url, "memories_search")
+    assert _queued(pg_fresh_url) == {"memories", "memory_pieces", "memory_words", "facts", "fact_history", "messages"}
+    words = _relfilenode(pg_fresh_url, "memory_words_pkey")
     monkeypatch.setenv("MEMSHELF_PG_SCRUB", "vacuum")
     monkeypatch.setenv("MEMSHELF_PG_SCRUB_DELAY", "0")
     store = PostgresStore(pg_fresh_url)
@@ -758,7 +758,7 @@ def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_th
         while _queued(pg_fresh_url) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _queued(pg_fresh_url) == set()
-        assert _relfilenode(pg_fresh_url, "memories_search") != gin  # reindexed into a new file
+        assert _relfilenode(pg_fresh_url, "memory_words_pkey") != words  # reindexed into a new file
     finally:
         store.close()
 
@@ -788,7 +788,7 @@ def test_an_erasure_says_its_scrub_is_pending_until_a_scrub_has_run(pg_fresh_url
     with LiveServer(create_app(target=pg_fresh_url, embedder=None)) as live:
         gone = httpx.delete(f"{live.url}/v1/users/{A.user}/memories/{second.id}", headers=bearer(secret), timeout=30)
         assert gone.status_code == 204 and gone.headers[SCRUB_PENDING_HEADER] == "true"
-        assert _queued(pg_fresh_url) == {"memories", "memory_pieces"}
+        assert _queued(pg_fresh_url) == {"memories", "memory_pieces", "memory_words"}
         scrubbed = httpx.post(f"{live.url}/v1/admin/scrub", headers=bearer(admin), timeout=60)
         assert scrubbed.json() == {"scrub_pending": False} and _queued(pg_fresh_url) == set()
     with Shelf.open(pg_fresh_url, embedder=None) as shelf:
@@ -1008,12 +1008,10 @@ def test_the_keyword_statistics_are_gathered_once_per_query_not_once_per_hit(pg_
         store = shelf.store
         assert isinstance(store, PostgresStore)
         terms = ["falcon", "report"]
-        each = [tsquery_text([term]) for term in terms]
-        query = bm25_query(len(each), with_context, "rank DESC, created_at DESC, pk DESC", "")
+        query, params = bm25_query(terms, with_context, "rank DESC, created_at DESC, pk DESC", ("", ()), A,
+                                   datetime.now(UTC), 10)
         with store._tenant(A.tenant) as cur:
-            plan = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query,
-                               (*each, tsquery_text(terms), A.tenant, A.user, datetime.now(UTC), A.tenant, A.user,
-                                10), prepare=False).fetchone()[0]
+            plan = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query, params, prepare=False).fetchone()[0]
         nodes = _plan_nodes(plan[0]["Plan"])
         aggregates = [node for node in nodes if node["Node Type"] == "Aggregate"]
         assert aggregates and all(node["Actual Loops"] == 1 for node in aggregates)
@@ -1099,3 +1097,147 @@ def test_a_text_another_writer_stored_meanwhile_is_observed_not_lost(pg_fresh_ur
                                              {"topic": "t", "content": "The door sticks."}])
     assert again.id == stored.id and again.observations == 2
     assert new.content == "The door sticks." and new.observations == 1
+
+
+# ---------------------------------------------------------------- the words' btree (m015)
+WORD_TEXTS = [
+    ("office", "The office printer is on 192.168.1.40."), ("office", "Printing manuals live on the shelf."),
+    ("travel", "Kaleb lives in Zürich."), ("travel", "Kaleb flew to Zu\u0308rich in March."),
+    ("travel", "அவர் சென்னையில் வசிக்கிறார்."), ("office", "東京の事務所は三階です。"),
+    ("email", "Don't e-mail the quarterly report before Friday."), ("garden", "The quokka visits the garden."),
+]
+WORD_QUESTIONS = [["printer"], ["print"], ["192", "168"], ["zurich"], ["zürich", "march"], ["சென்னையில்"],
+                  ["事務", "務所"], ["e", "mail"], ["don"], ["quokka", "garden"], ["office"], ["absent"], ["the"],
+                  ["kaleb", "friday", "shelf"]]
+
+
+def _memory_words(url: str, condition: str = "true", params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(url) as conn:  # the test server's superuser: no wall
+        return conn.execute(f"SELECT tenant, user_id, word FROM memory_words WHERE {condition} ORDER BY 1, 2, 3",
+                            params).fetchall()
+
+
+def test_keyword_search_finds_the_same_through_the_words_btree_as_through_every_row(pg_fresh_url, monkeypatch):
+    """A question's hits come from memory_words' postings when they are few and from every row of the owner
+    otherwise: the same memories with the same scores either way, for every kind of word (prefixes, numbers, marks,
+    CJK pairs, words a hyphen or an apostrophe splits), whatever changed the rows since."""
+    other = Owner(A.tenant, "another")
+    clock = Clock()
+    with Shelf.open(pg_fresh_url, embedder=None, clock=clock) as shelf:
+        kept = [shelf.remember(A, topic, content) for topic, content in WORD_TEXTS]
+        shelf.remember(other, "garden", "The quokka of another user.")
+        shelf.remember(B, "garden", "The quokka of another tenant.")
+        shelf.remember(A, "garden", "The quokka leaves at noon.", ttl=60)  # expires
+        gone = shelf.remember(A, "garden", "The garden quokka xanthopsia is forgotten.")
+        shelf.forget(A, gone.id)
+        with psycopg.connect(pg_fresh_url) as conn:  # a row's words follow its text, however it changed
+            conn.execute("UPDATE memories SET content = 'The office printer moved to 192.168.1.41 today.'"
+                         " WHERE id = %s", (kept[0].id,))
+        clock.advance(300)
+        now, store = shelf.now(), shelf.store
+        assert isinstance(store, PostgresStore)
+        answers = {}
+        monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 0)  # this small owner's statement has both ways too
+        for share in (0.0, 1e9):  # every row of the owner; the postings, whatever their number
+            monkeypatch.setattr(pg_module, "WORDS_SHARE", share)
+            answers[share] = [[(s.memory.content, round(s.score, 9)) for s in
+                               store.keyword_search(A, terms, 10, now, by_confidence=by_confidence)]
+                              for terms in WORD_QUESTIONS for by_confidence in (True, False)]
+        assert answers[0.0] == answers[1e9]
+        found = dict(zip([" ".join(t) for t in WORD_QUESTIONS], answers[1e9][::2]))
+        assert [c for c, _ in found["printer"]] == ["The office printer moved to 192.168.1.41 today."]
+        assert [c for c, _ in found["192 168"]] == ["The office printer moved to 192.168.1.41 today."]
+        assert {c for c, _ in found["print"]} == {"The office printer moved to 192.168.1.41 today.",
+                                                 "Printing manuals live on the shelf."}
+        assert len(found["zurich"]) == 2 and len(found["சென்னையில்"]) == 1 and len(found["事務 務所"]) == 1
+        assert [c for c, _ in found["quokka garden"]] == ["The quokka visits the garden."]
+        assert found["absent"] == []
+        assert _memory_words(pg_fresh_url, "word ^@ 'xanthops'") == []  # the forgotten memory's words went with it
+        assert _memory_words(pg_fresh_url, "word = '40'") == []  # and the changed row's old ones
+        assert ("tenant-a", "alice", "41") in _memory_words(pg_fresh_url)
+        assert _memory_words(pg_fresh_url, "word = 'noon'") != []
+        shelf.purge_expired()
+        assert _memory_words(pg_fresh_url, "word = 'noon'") == []  # an expired memory's, once purged
+        shelf.forget_user(other)
+        shelf.forget_tenant(B.tenant)
+        assert _memory_words(pg_fresh_url, "user_id = 'another' OR tenant = 'tenant-b'") == []
+        with psycopg.connect(pg_fresh_url) as conn:  # every word left is a word of a memory still stored
+            assert conn.execute("SELECT count(*) FROM memory_words w WHERE NOT EXISTS (SELECT 1 FROM memories m"
+                                " WHERE m.pk = w.memory_pk AND w.word = ANY(tsvector_to_array(m.search)))"
+                                ).fetchone() == (0,)
+            assert conn.execute("SELECT sum(length(search)) FROM memories").fetchone()[0] == len(
+                _memory_words(pg_fresh_url))
+
+
+def test_a_rare_word_is_read_through_its_postings_and_a_common_one_from_every_row(pg_fresh_url):
+    """The postings pay only when they skip most of the owner's rows (WORDS_SHARE): a rare word's hits are read by
+    their keys, and a word in most rows reads the owner's rows once instead of each hit through the index."""
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember_many(A, [{"topic": "t", "content": f"The falcon report {i} is filed."} for i in range(300)])
+        shelf.remember(A, "t", "The quokka report is late.")
+        store = shelf.store
+        assert isinstance(store, PostgresStore)
+
+        def memories_read(terms: list[str]) -> int:
+            query, params = bm25_query(terms, False, "confidence DESC, rank DESC, created_at DESC, pk DESC",
+                                       ("", ()), A, datetime.now(UTC), 5)
+            with store._tenant(A.tenant) as cur:
+                plan = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query, params, prepare=False).fetchone()[0]
+            hits = next(node for node in _plan_nodes(plan[0]["Plan"]) if node.get("Subplan Name") == "CTE hits")
+            return sum(node["Actual Rows"] * node["Actual Loops"] for node in _plan_nodes(hits)
+                       if node.get("Relation Name") == "memories")
+
+        assert memories_read(["quokka"]) == 1
+        assert memories_read(["falcon"]) >= 300
+        assert [s.memory.content for s in store.keyword_search(A, ["quokka"], 5, datetime.now(UTC), True)] == [
+            "The quokka report is late."]
+
+
+def test_a_database_from_before_m015_gets_every_rows_words_once_opened(pg_server, monkeypatch):
+    url = pg_server.empty_database()
+    monkeypatch.setattr(pg_module, "MIGRATIONS", [m for m in MIGRATIONS if m[0] < "m015"])  # as it was then
+    with Shelf(PostgresStore(url), embedder=None) as shelf:
+        shelf.remember(A, "garden", "The quokka visits the garden.")
+        shelf.remember(B, "office", "The printer is on the third floor.")
+    monkeypatch.undo()
+    monkeypatch.setattr(pg_module, "WORDS_SHARE", 1e9)  # through the postings only
+    monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 0)
+    with Shelf(PostgresStore(url), embedder=None) as shelf:
+        assert "m015_memory_words" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
+        assert [h.memory.content for h in shelf.search(A, "quokka")] == ["The quokka visits the garden."]
+        assert [h.memory.content for h in shelf.search(B, "printer floor")] == ["The printer is on the third floor."]
+        assert list(shelf.search(B, "quokka")) == []
+    assert ("tenant-b", "bob", "third") in _memory_words(url)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'memories_search'").fetchone() == (0,)
+    pg_server.drop(url)
+
+
+def test_an_owner_known_to_be_small_is_searched_without_the_words(pg_fresh_url, monkeypatch):
+    """The store keeps each owner's row count from its last keyword search: an owner below WORDS_MIN_ROWS gets the
+    statement with only the scan of its rows (cheaper to plan and run at a few hundred rows), an unknown or larger
+    one the statement that can read the postings, with the same answer."""
+    used: list[bool] = []
+
+    def spy(*args, **kwargs):
+        used.append(kwargs["words"])
+        return bm25_query(*args, **kwargs)
+
+    monkeypatch.setattr(pg_module, "bm25_query", spy)
+    monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 30)
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.remember_many(A, [{"topic": "t", "content": f"The falcon report {i} is filed."} for i in range(20)])
+        store = shelf.store
+        assert isinstance(store, PostgresStore)
+
+        def ask() -> list[tuple[str, float]]:
+            return [(s.memory.content, s.score) for s in store.keyword_search(A, ["report"], 5, shelf.now(), True)]
+
+        first, second = ask(), ask()
+        assert used == [True, False] and first == second and len(first) == 5 and store._owner_rows[A] == 20
+        assert store.keyword_search(A, ["absent"], 5, shelf.now(), True) == [] and store._owner_rows[A] == 20
+        shelf.remember_many(A, [{"topic": "t", "content": f"The heron report {i} is late."} for i in range(20)])
+        ask()  # still small by the hint, which now learns the owner's 40 rows
+        assert store._owner_rows[A] == 40
+        ask()
+        assert used[-2:] == [False, True]

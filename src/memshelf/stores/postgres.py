@@ -49,7 +49,8 @@ them scanned exactly beside the search above, and each memory keeps its best sco
 The store interface keeps vectors as little-endian float32 blobs (the export format); they are converted to
 pgvector's binary form at this boundary.
 
-Keywords: a stored generated tsvector column over topic and content, GIN-indexed, with the `memshelf_text`
+Keywords: a stored generated tsvector column over topic and content, its words also in memory_words (one row per
+word and memory, kept by triggers, a btree that row-level security lets a search use, m015), with the `memshelf_text`
 configuration (unaccented, English snowball stems, no stopwords) over the text as memshelf_index_text makes it
 (CJK as pairs of characters, m011); each term becomes `'term':*` (prefix match) or `'term'` (keywords.is_prefix),
 quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with bm25 for relevance, its
@@ -190,10 +191,35 @@ _LIVE = "(m.expires_at IS NULL OR m.expires_at > %s)"
 _OWNER = "m.tenant = %s AND m.user_id = %s"
 
 
-def bm25_query(terms: int, with_context: bool, order: str, seen: str) -> str:
-    """keyword_search's SQL: the owner's memories that match any of the `terms` tsqueries (q0, q1, ...; parameters
-    before the OR of them all), ranked by bm25 with the owner's own statistics, gathered at query time, so there is
-    no state to keep in step with writes and no other owner's words move a score:
+WORDS_MIN_ROWS = 2_000
+"""Owners known to hold fewer memories (from their last keyword search) are searched by a statement without
+memory_words: at a few hundred memories every way is about a millisecond, and the choice itself cost more."""
+OWNER_HINTS = 100_000
+"""At most this many owners' row counts are kept as hints (then the hints start over)."""
+WORDS_SHARE = 0.2
+"""A keyword search reads the memories that hold a question's words through memory_words when the words' postings
+are at most this share of the owner's rows, and otherwise every one of the owner's rows (each a heap visit either
+way, so the postings only pay when they skip most rows: BENCHMARKS.md)."""
+_POSTINGS = ("SELECT w.memory_pk FROM (SELECT DISTINCT l.lexeme COLLATE \"C\" AS word, t.prefix"
+             " FROM unnest(%s::text[], %s::bool[]) AS t(term, prefix),"
+             " unnest(to_tsvector('memshelf_text', t.term)) AS l) q,"
+             " LATERAL (SELECT w.memory_pk FROM memory_words w WHERE w.tenant = %s AND w.user_id = %s"
+             " AND w.word >= q.word AND w.word < q.word || CASE WHEN q.prefix THEN chr(1114111) ELSE chr(1) END"
+             " OFFSET 0) w")
+"""The postings of the owner's memories that hold a word of the question (parameters: the terms, whether each is a
+prefix, the owner), from the btree of memory_words (m015). A term's words are those to_tsvector makes of it, which
+are the lexemes its tsquery matches, so these lead to every memory the term's tsquery matches (the query then checks
+each with `@@`): a word matches itself, or, for a prefix term, every word that begins with it. The bounds are
+byte-wise (the column is COLLATE "C"): chr(1) is the least character, and no UTF-8 character sorts after
+chr(1114111). OFFSET 0 keeps the subquery a parameterised index range per word (flattened, the planner read every
+posting of the owner)."""
+
+
+def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple[str, Sequence[Any]],
+               owner: Owner, now: datetime, limit: int, words: bool = True) -> tuple[str, tuple[Any, ...]]:
+    """keyword_search's SQL and parameters: the owner's memories that match any of the (distinct) `terms`, ranked by
+    bm25 with the owner's own statistics, gathered at query time, so there is no state to keep in step with writes
+    and no other owner's words move a score:
 
     - a term's document frequency is how many of the hits hold it (every memory of the owner holding a term is a
       hit), so expired and superseded memories do not count;
@@ -209,29 +235,57 @@ def bm25_query(terms: int, with_context: bool, order: str, seen: str) -> str:
     CONTEXT_WEIGHT, the default search scored LoCoMo frac@5 0.653 against 0.664 now, BENCHMARKS.md).
     Only the best `limit` rows are read back whole.
 
-    Both CTEs are MATERIALIZED: under row-level security the planner expects one hit, and an inlined `stats` was
-    computed again for every hit (quadratic: 14 ms instead of 1.4 ms for 268 hits, BENCHMARKS.md)."""
+    Each row comes back with the owner's row count after its rank (the store's hint for the next search).
+
+    The hits come by one of two ways, chosen in the statement (a one-time filter on each half of a UNION ALL):
+    through the words' postings when they are few (WORDS_SHARE), each row looked up by its key (a LATERAL subquery
+    kept whole by OFFSET 0, so a planner that expects one row of the owner cannot turn it into a scan of them all),
+    else from every row of the owner; the same rows either way. With `words` False (an owner known to be small,
+    WORDS_MIN_ROWS) the statement has only the second way, and costs what it did before memory_words. Every CTE is
+    MATERIALIZED: under row-level security
+    the planner expects one hit, and an inlined `stats` was computed again for every hit (quadratic: 14 ms instead
+    of 1.4 ms for 268 hits, BENCHMARKS.md)."""
+    count = len(terms)
     weight = f"{float(CONTEXT_WEIGHT)!r}::float8"
     context = "coalesce(m.context_search, ''::tsvector)"
     length = f"length(m.search) + length({context})" if with_context else "length(m.search)"
-    found = "".join(f", (m.search @@ q{i})::int::float8 AS own{i}" for i in range(terms))
+    found = "".join(f", (m.search @@ t.q{i})::int::float8 AS own{i}" for i in range(count))
     if with_context:
-        found += "".join(f", ({context} @@ q{i})::int::float8 AS near{i}" for i in range(terms))
-    tf = [f"(h.own{i} + {weight} * h.near{i})" if with_context else f"h.own{i}" for i in range(terms)]
-    df = "".join(f", count(*) FILTER (WHERE own{i} > 0)::float8 AS df{i}" for i in range(terms))
+        found += "".join(f", ({context} @@ t.q{i})::int::float8 AS near{i}" for i in range(count))
+    tf = [f"(h.own{i} + {weight} * h.near{i})" if with_context else f"h.own{i}" for i in range(count)]
+    df = "".join(f", count(*) FILTER (WHERE own{i} > 0)::float8 AS df{i}" for i in range(count))
     k1, b = f"{K1!r}::float8", f"{B!r}::float8"
     score = " + ".join(f"ln(1 + (s.n - s.df{i} + 0.5) / (s.df{i} + 0.5)) * {f} * ({k1} + 1)"
                        f" / ({f} + {k1} * (1 - {b} + {b} * h.dl / s.avgdl))" for i, f in enumerate(tf))
-    queries = "".join(f", to_tsquery('memshelf_text', %s) AS q{i}" for i in range(terms))
-    return ("WITH hits AS MATERIALIZED ("
-            f"SELECT m.pk, m.confidence, m.created_at, ({length})::float8 AS dl{found} FROM memories m{queries}"
-            f" WHERE m.search @@ to_tsquery('memshelf_text', %s) AND {_OWNER} AND {_LIVE}{seen}),"
-            f" stats AS MATERIALIZED (SELECT avg(dl) AS avgdl{df},"
-            f" (SELECT count(*) FROM memories m WHERE {_OWNER})::float8 AS n FROM hits),"
-            f" best AS (SELECT h.pk, h.confidence, h.created_at, {score} AS rank FROM hits h, stats s"
-            f" ORDER BY {order} LIMIT %s)"
-            f" SELECT {MEMORY_COLUMNS}, r.rank FROM best r JOIN memories m ON m.pk = r.pk"
-            f" ORDER BY {', '.join('r.' + key for key in order.split(', '))}")
+    queries = "".join(f"to_tsquery('memshelf_text', %s) AS q{i}, " for i in range(count))
+    condition, seen_params = seen
+
+    def hits(way: str) -> str:
+        return (f"SELECT m.pk, m.confidence, m.created_at, ({length})::float8 AS dl{found} FROM memories m, tsq t"
+                f" WHERE {way} AND m.search @@ t.q AND {_OWNER} AND {_LIVE}{condition}")
+
+    hit_params = (owner.tenant, owner.user, now, *seen_params)
+    if words:
+        ways = (f" postings AS MATERIALIZED ({_POSTINGS} LIMIT (SELECT few + 1 FROM owned)),"
+                " way AS MATERIALIZED (SELECT count(*) <= (SELECT few FROM owned) AS postings FROM postings),"
+                " hits AS MATERIALIZED (SELECT h.* FROM (SELECT DISTINCT memory_pk FROM postings) p,"
+                f" LATERAL ({hits('m.pk = p.memory_pk')} OFFSET 0) h WHERE (SELECT postings FROM way)"
+                f" UNION ALL {hits('NOT (SELECT postings FROM way)')}),")
+        way_params = (list(terms), [is_prefix(term) for term in terms], owner.tenant, owner.user,
+                      *hit_params, *hit_params)
+    else:
+        ways, way_params = f" hits AS MATERIALIZED ({hits('true')}),", hit_params
+    sql = (f"WITH tsq AS MATERIALIZED (SELECT {queries}to_tsquery('memshelf_text', %s) AS q),"
+           f" owned AS MATERIALIZED (SELECT count(*)::float8 AS n, ceil(count(*) * {WORDS_SHARE!r}) AS few"
+           f" FROM memories m WHERE {_OWNER}),{ways}"
+           f" stats AS MATERIALIZED (SELECT avg(dl) AS avgdl{df}, (SELECT n FROM owned) AS n FROM hits),"
+           f" best AS (SELECT h.pk, h.confidence, h.created_at, {score} AS rank FROM hits h, stats s"
+           f" ORDER BY {order} LIMIT %s)"
+           f" SELECT m.*, r.rank, s.n FROM best r, stats s, LATERAL (SELECT {MEMORY_COLUMNS} FROM memories m"
+           f" WHERE m.pk = r.pk OFFSET 0) m ORDER BY {', '.join('r.' + key for key in order.split(', '))}")
+    params = (*(tsquery_text([term]) for term in terms), tsquery_text(terms), owner.tenant, owner.user,
+              *way_params, limit)
+    return sql, params
 
 
 def _context_of(tenant: str, user: str, topic: str, before: str = "") -> str:
@@ -451,6 +505,7 @@ class PostgresStore(SQLRecords):
         self._local = threading.local()
         self._indexes: set[str] = set()  # vector indexes seen valid
         self._served: set[Pair] = set()  # pairs whose indexes this store has asked for
+        self._owner_rows: dict[Owner, int] = {}  # each owner's row count at its last keyword search (a hint)
         size = pool_size_setting(pool_size)
         mode, delay = scrub_settings()
         self._upkeep = Upkeep(self._connect, index_statements, mode=mode, delay=delay)
@@ -626,9 +681,9 @@ class PostgresStore(SQLRecords):
     def bulk_load(self, memory: str | None = None) -> Iterator[None]:
         """For large imports from this thread: inside the block, models written or imported get no vector indexes;
         at the end each missing one is built in one pass, not concurrently (several times faster than growing an
-        HNSW graph row by row; writes to memories wait for it), then `memories` is vacuumed and analyzed, so the
-        planner knows the new rows and index-only scans need not visit the table. Searches in between are exact.
-        Other threads are not affected. `memory` is maintenance_work_mem for the build (default
+        HNSW graph row by row; writes to memories wait for it), then `memories` and `memory_words` are vacuumed and
+        analyzed, so the planner knows the new rows and index-only scans need not visit the tables. Searches in
+        between are exact. Other threads are not affected. `memory` is maintenance_work_mem for the build (default
         MEMSHELF_PG_BUILD_MEMORY or 1GB; the HNSW graph of 1M 384-d vectors needs about 2GB in memory)."""
         if getattr(self._local, "bulk", None) is not None:  # nested: the outer block builds
             yield
@@ -642,7 +697,7 @@ class PostgresStore(SQLRecords):
         if getattr(self._local, "conn", None) is None:  # VACUUM cannot run inside a transaction
             try:
                 with self._pool.connection() as conn:
-                    conn.execute("VACUUM (ANALYZE) memories")
+                    conn.execute("VACUUM (ANALYZE) memories, memory_words")
             except psycopg.Error as exc:
                 raise _translate(exc, self._hint) from exc
 
@@ -866,19 +921,22 @@ class PostgresStore(SQLRecords):
                        by_confidence: bool, view: View = CURRENT) -> list[Scored]:
         if not terms:
             return []
-        each = [tsquery_text([term]) for term in dict.fromkeys(terms)]
         seen, at = view_condition(view, _utc)
         # The hybrid's candidates (not by_confidence) are ranked with their conversation context too, as on
         # SQLite; either way a row is found only by its own words.
         order = ("confidence DESC, rank DESC, created_at DESC, pk DESC" if by_confidence else
                  "rank DESC, created_at DESC, pk DESC")
+        large = self._owner_rows.get(owner, WORDS_MIN_ROWS) >= WORDS_MIN_ROWS  # unknown: either way may pay
+        statement, params = bm25_query(list(dict.fromkeys(terms)), not by_confidence, order,
+                                       (self._sql(seen), at), owner, now, limit, words=large)
         with self._tenant(owner.tenant) as cur:
-            rows = cur.execute(
-                bm25_query(len(each), not by_confidence, order, self._sql(seen)),
-                (*each, tsquery_text(terms), owner.tenant, owner.user, now, *at, owner.tenant, owner.user, limit),
-                # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to
-                # the words, took 2 to 3 times as long as the plan made for them.
-                prepare=False).fetchall()
+            # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to the
+            # words, took 2 to 3 times as long as the plan made for them.
+            rows = cur.execute(statement, params, prepare=False).fetchall()
+        if rows:
+            if len(self._owner_rows) >= OWNER_HINTS:
+                self._owner_rows.clear()
+            self._owner_rows[owner] = int(rows[0][MEMORY_WIDTH + 1])
         return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
 
     # ------------------------------------------------------------ vectors
@@ -1037,7 +1095,7 @@ class PostgresStore(SQLRecords):
         (the wake-up is harmless if that transaction then rolls back: the scrub finds nothing queued)."""
         tables = [table for table, count in erased.items() if count]
         if erased.get("memories"):
-            tables.append("memory_pieces")  # deleted with their memories (ON DELETE CASCADE)
+            tables += ["memory_pieces", "memory_words"]  # deleted with their memories (ON DELETE CASCADE)
         if tables:
             cur.execute("INSERT INTO memshelf_scrub (relation) SELECT unnest(%s::text[])", (tables,))
             self._upkeep.erased()
