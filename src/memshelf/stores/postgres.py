@@ -275,7 +275,10 @@ def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple
                       *hit_params, *hit_params)
     else:
         ways, way_params = f" hits AS MATERIALIZED ({hits('true')}),", hit_params
-    sql = (f"WITH tsq AS MATERIALIZED (SELECT {queries}to_tsquery('memshelf_text', %s) AS q),"
+    # The questions' tsqueries are made once for both ways; with one way they are inlined, as constants of the scan
+    # (a joined CTE row cost a small owner's search about a third more: 0.77 -> 1.2 ms).
+    inlined = "MATERIALIZED" if words else "NOT MATERIALIZED"
+    sql = (f"WITH tsq AS {inlined} (SELECT {queries}to_tsquery('memshelf_text', %s) AS q),"
            f" owned AS MATERIALIZED (SELECT count(*)::float8 AS n, ceil(count(*) * {WORDS_SHARE!r}) AS few"
            f" FROM memories m WHERE {_OWNER}),{ways}"
            f" stats AS MATERIALIZED (SELECT avg(dl) AS avgdl{df}, (SELECT n FROM owned) AS n FROM hits),"
