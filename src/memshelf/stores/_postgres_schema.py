@@ -26,8 +26,11 @@ APP_ROLE = "memshelf_app"
 ADMIN_ROLE = "memshelf_admin"
 """The role admin transactions run as (backfill, purge, owners, API keys): a policy lets it see every tenant."""
 
-OWNER_TABLES = walled_tables()
-"""Every table the registry (tables.py) walls with row-level security: what the tests check, table by table."""
+DERIVED_TABLES = ("memory_words",)
+"""Owner tables PostgreSQL keeps from `memories` (m015), outside the registry (tables.py) but walled like it."""
+OWNER_TABLES = (*walled_tables(), *DERIVED_TABLES)
+"""Every table walled with row-level security (the registry's and the derived ones): what the tests check, table by
+table."""
 
 _FIRST_WALLED = ("memories", "facts", "fact_history", "messages", "api_keys")
 """The owner tables of m001, frozen: m002, m005 and m006 say what they did to these and only these, whatever the

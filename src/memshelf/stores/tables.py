@@ -6,8 +6,9 @@ wall as the others).
 A table's rows are kept by one half of the store contract: `memories` and `memory_pieces` by the memory-and-search
 half (each backend indexes them its own way, so each deletes their rows its own way; pieces go with their memory,
 by foreign key), every other table by the records half, written once over both SQL dialects (sql_records.py).
-Tables a backend derives from these (SQLite's owner_generation counters, its per-tenant full-text tables) are not
-listed: they are not exported or copied, and the backend erases them with their owner.
+Tables a backend derives from these (SQLite's owner_generation counters, its per-tenant full-text tables,
+PostgreSQL's memory_words) are not listed: they are not exported or copied, and the backend erases them with their
+owner.
 """
 
 from __future__ import annotations
