@@ -241,10 +241,9 @@ def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple
     through the words' postings when they are few (WORDS_SHARE), each row looked up by its key (a LATERAL subquery
     kept whole by OFFSET 0, so a planner that expects one row of the owner cannot turn it into a scan of them all),
     else from every row of the owner; the same rows either way. With `words` False (an owner known to be small,
-    WORDS_MIN_ROWS) the statement has only the second way, and costs what it did before memory_words. Every CTE is
-    MATERIALIZED: under row-level security
-    the planner expects one hit, and an inlined `stats` was computed again for every hit (quadratic: 14 ms instead
-    of 1.4 ms for 268 hits, BENCHMARKS.md)."""
+    WORDS_MIN_ROWS) the statement has only the second way, and costs what it did before memory_words. The CTEs of
+    hits and statistics are MATERIALIZED: under row-level security the planner expects one hit, and an inlined
+    `stats` was computed again for every hit (quadratic: 14 ms instead of 1.4 ms for 268 hits, BENCHMARKS.md)."""
     count = len(terms)
     weight = f"{float(CONTEXT_WEIGHT)!r}::float8"
     context = "coalesce(m.context_search, ''::tsvector)"
@@ -1098,7 +1097,7 @@ class PostgresStore(SQLRecords):
         (the wake-up is harmless if that transaction then rolls back: the scrub finds nothing queued)."""
         tables = [table for table, count in erased.items() if count]
         if erased.get("memories"):
-            tables += ["memory_pieces", "memory_words"]  # deleted with their memories (ON DELETE CASCADE)
+            tables += ["memory_pieces", "memory_words"]  # go with their memories (cascade; m015's trigger)
         if tables:
             cur.execute("INSERT INTO memshelf_scrub (relation) SELECT unnest(%s::text[])", (tables,))
             self._upkeep.erased()
