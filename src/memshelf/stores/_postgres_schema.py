@@ -437,6 +437,10 @@ CREATE TABLE memory_words (
     memory_pk bigint NOT NULL,
     PRIMARY KEY (tenant, user_id, word, memory_pk)
 );
+-- No planner statistics of its text (pg_statistic would keep sample words and owner ids after an erasure until
+-- the next ANALYZE; the search's plan is fixed by its own shape, not by these estimates).
+ALTER TABLE memory_words ALTER COLUMN tenant SET STATISTICS 0, ALTER COLUMN user_id SET STATISTICS 0,
+    ALTER COLUMN word SET STATISTICS 0;
 {tenant_wall(["memory_words"])}
 {scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks", "memory_pieces", "memory_words"])}
 CREATE FUNCTION memshelf_words_added() RETURNS trigger LANGUAGE plpgsql AS $$
