@@ -216,9 +216,10 @@ class Upkeep:
         """Scrub every table with erasures queued in memshelf_scrub, now; returns those tables.
 
         vacuum: REINDEX TABLE CONCURRENTLY (fresh index files without the erased keys, vectors and owner ids; the
-        old files are deleted), VACUUM (dead rows and their TOAST chunks go; empty pages at the end are cut off),
-        then CHECKPOINT. full: VACUUM FULL instead, which also rewrites the table files (the tables are locked
-        while rewritten). `full=None` follows MEMSHELF_PG_SCRUB."""
+        old files are deleted), VACUUM ANALYZE (dead rows and their TOAST chunks go; empty pages at the end are cut
+        off; the planner's statistics are made from the rows left, _statistics_scrubbed), then CHECKPOINT. full:
+        VACUUM FULL instead, which also rewrites the table files and pg_statistic (the tables are locked while
+        rewritten). `full=None` follows MEMSHELF_PG_SCRUB."""
         with self._connect() as conn:
             return self._scrub_on(conn, full)
 
@@ -231,17 +232,40 @@ class Upkeep:
                 return []
             names = sql.SQL(", ").join(sql.Identifier(t) for t in sorted(tables))
             if full:
-                conn.execute(sql.SQL("VACUUM (FULL) {}").format(names))
+                conn.execute(sql.SQL("VACUUM (FULL, ANALYZE) {}").format(names))
             else:
                 # Reindexing first: it waits for every transaction older than it to end, so the VACUUM after it
                 # is not kept from removing the erased rows by a snapshot that could still see them.
                 for table in sorted(tables):
                     self._drop_failed_reindexes(conn, table)
                     conn.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(sql.Identifier(table)))
-                conn.execute(sql.SQL("VACUUM {}").format(names))
+                conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(names))
+            self._statistics_scrubbed(conn, sorted(tables), full)
             self._checkpoint(conn)
             conn.execute("DELETE FROM memshelf_scrub WHERE pk = ANY(%s)", (pks,))  # only what this scrub saw
         return sorted(tables)
+
+    @staticmethod
+    def _statistics_scrubbed(conn: psycopg.Connection, tables: list[str], full: bool) -> None:
+        """The planner's statistics (pg_statistic) hold sample values of every column, owner ids and text among
+        them. The ANALYZE above made them again from the rows left; but ANALYZE leaves an emptied table's
+        statistics as they were, so those are cleared (pg_clear_attribute_stats, PostgreSQL 18; older servers keep
+        them until the table has rows again and is analyzed). Then pg_statistic is vacuumed like the tables, which
+        needs the database's owner or a superuser (otherwise the server skips it with a warning in its log)."""
+        emptied = [name for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.oid = ANY(%s::regclass[]) AND c.reltuples = 0",
+            (tables,)).fetchall()]
+        if emptied:
+            if conn.execute("SELECT to_regprocedure('pg_clear_attribute_stats(text, text, text, boolean)')"
+                            ).fetchone() == (None,):
+                log.info("memshelf scrub: PostgreSQL before 18 cannot clear an emptied table's statistics; "
+                         "%s keep their sample values until they hold rows again and are analyzed", emptied)
+            else:
+                conn.execute("SELECT pg_clear_attribute_stats(n.nspname::text, c.relname::text, a.attname::text,"
+                             " false) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                             " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+                             " WHERE c.oid = ANY(%s::regclass[])", (emptied,))
+        conn.execute("VACUUM (FULL) pg_statistic" if full else "VACUUM pg_statistic")
 
     @staticmethod
     def _drop_failed_reindexes(conn: psycopg.Connection, table: str) -> None:
