@@ -688,6 +688,10 @@ def test_a_scrub_removes_erased_text_and_vectors_from_every_index_file_and_a_ful
         assert set(store.scrub(full=full)) >= {"memories", "facts", "fact_history", "messages", "learn_marks",
                                                "learned_from"}
         left = _files_holding(pg_server.data_dir, url, needles)
+        if erase != "forget_each":  # all of the owner went: the planner's statistics were made again, or cleared
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT tablename, attname FROM pg_stats WHERE most_common_vals::text LIKE %s"
+                                    " OR histogram_bounds::text LIKE %s", ("%quokka%",) * 2).fetchall() == []
     if full:
         assert left == {}
     else:
