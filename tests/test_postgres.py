@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from fakes import HashEmbedder
+from test_tables import _rows as _raw_rows
 
 from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
@@ -1118,10 +1119,9 @@ WORD_QUESTIONS = [["printer"], ["print"], ["192", "168"], ["zurich"], ["zürich"
                   ["kaleb", "friday", "shelf"]]
 
 
-def _memory_words(url: str, condition: str = "true", params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(url) as conn:  # the test server's superuser: no wall
-        return conn.execute(f"SELECT tenant, user_id, word FROM memory_words WHERE {condition} ORDER BY 1, 2, 3",
-                            params).fetchall()
+def _memory_words(url: str, condition: str = "true") -> list[tuple]:
+    return _raw_rows("postgres", url,
+                     f"SELECT tenant, user_id, word FROM memory_words WHERE {condition} ORDER BY 1, 2, 3")
 
 
 def test_keyword_search_finds_the_same_through_the_words_btree_as_through_every_row(pg_fresh_url, monkeypatch):

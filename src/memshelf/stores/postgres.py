@@ -95,7 +95,7 @@ from ..model import Memory, NewMemory, Owner
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
                           memory_from_row, view_condition)
-from ._postgres_schema import ADMIN_ROLE, APP_ROLE, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
+from ._postgres_schema import ADMIN_ROLE, APP_ROLE, DERIVED_TABLES, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
 REQUIRED_EXTENSIONS = ("vector", "unaccent")
@@ -1097,7 +1097,7 @@ class PostgresStore(SQLRecords):
         (the wake-up is harmless if that transaction then rolls back: the scrub finds nothing queued)."""
         tables = [table for table, count in erased.items() if count]
         if erased.get("memories"):
-            tables += ["memory_pieces", "memory_words"]  # go with their memories (cascade; m015's trigger)
+            tables += ["memory_pieces", *DERIVED_TABLES]  # go with their memories (cascade; m015's trigger)
         if tables:
             cur.execute("INSERT INTO memshelf_scrub (relation) SELECT unnest(%s::text[])", (tables,))
             self._upkeep.erased()
