@@ -139,17 +139,19 @@ WHERE f.tenant = touched.tenant AND f.user_id = touched.user_id AND f.topic = to
 RESET ROLE;"""
 
 
-def tenant_wall(tables: Sequence[str]) -> str:
+def tenant_wall(tables: Sequence[str], admin_policy_for_every_role: bool = False) -> str:
     """The wall every owner table has, for tables a later migration creates (pass their names, never the registry,
     so the migration's SQL stays what it was when applied): row-level security enabled and forced, the tenant policy
-    and the admin policy as they stand since m005, and the grants to both roles."""
+    and the admin policy as they stand since m005 (for memshelf_admin only; `admin_policy_for_every_role` as
+    m009, m010 and m015 made it, until m016), and the grants to both roles."""
+    admin_role = "" if admin_policy_for_every_role else f" TO {ADMIN_ROLE}"
     return "\n".join(f"""
 ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
 CREATE POLICY memshelf_tenant ON {table}
     USING (tenant = nullif(current_setting('memshelf.tenant', true), ''))
     WITH CHECK (tenant = nullif(current_setting('memshelf.tenant', true), ''));
-CREATE POLICY memshelf_admin ON {table}
+CREATE POLICY memshelf_admin ON {table}{admin_role}
     USING (current_user = '{ADMIN_ROLE}') WITH CHECK (current_user = '{ADMIN_ROLE}');
 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {APP_ROLE}, {ADMIN_ROLE};
 """ for table in tables)
@@ -342,7 +344,7 @@ CREATE INDEX learned_from_thread ON learned_from (tenant, user_id, thread);
 GRANT USAGE ON SEQUENCE learned_from_pk_seq TO {APP_ROLE}, {ADMIN_ROLE};
 ALTER TABLE memories ADD COLUMN superseded_at timestamptz, ADD COLUMN superseded_by text;
 CREATE INDEX memories_superseded ON memories (tenant, user_id) WHERE superseded_at IS NOT NULL;
-{tenant_wall(["learn_marks", "learned_from"])}
+{tenant_wall(["learn_marks", "learned_from"], admin_policy_for_every_role=True)}
 {scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks"])}
 """),
     # A memory longer than the embedding model's window is embedded in overlapping pieces (README, "Long memories"),
@@ -361,7 +363,7 @@ CREATE TABLE memory_pieces (
 );
 ALTER TABLE memory_pieces ALTER COLUMN embedding SET STORAGE MAIN;
 CREATE INDEX memory_pieces_owner ON memory_pieces (tenant, user_id, embed_model);
-{tenant_wall(["memory_pieces"])}
+{tenant_wall(["memory_pieces"], admin_policy_for_every_role=True)}
 {scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks", "memory_pieces"])}
 """),
     # Chinese, Japanese and Korean text is indexed as overlapping pairs of characters (keywords.index_text; README,
@@ -441,7 +443,7 @@ CREATE TABLE memory_words (
 -- the next ANALYZE; the search's plan is fixed by its own shape, not by these estimates).
 ALTER TABLE memory_words ALTER COLUMN tenant SET STATISTICS 0, ALTER COLUMN user_id SET STATISTICS 0,
     ALTER COLUMN word SET STATISTICS 0;
-{tenant_wall(["memory_words"])}
+{tenant_wall(["memory_words"], admin_policy_for_every_role=True)}
 {scrub_relations([*_FIRST_WALLED, "learned_from", "learn_marks", "memory_pieces", "memory_words"])}
 CREATE FUNCTION memshelf_words_added() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -477,4 +479,11 @@ SELECT m.tenant, m.user_id, w.lexeme, m.pk FROM memories m, unnest(m.search) w;
 RESET ROLE;
 DROP INDEX memories_search;
 """),
+    # The admin policy of the tables m009, m010 and m015 walled applied to every role. The wall was the same (its
+    # test, current_user = memshelf_admin, holds for no other role), but PostgreSQL then tested both policies on
+    # every row a query read, where for the first tables (TO memshelf_admin) it tests the tenant once per query:
+    # counting a word's postings in memory_words took about twice as long (BENCHMARKS.md).
+    ("m016_admin_policy_for_admin_only", "\n".join(
+        f"ALTER POLICY memshelf_admin ON {table} TO {ADMIN_ROLE};"
+        for table in ("learn_marks", "learned_from", "memory_pieces", "memory_words"))),
 ]

@@ -91,10 +91,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import ConfigError, DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from .._ids import new_ids
 from ..keywords import is_prefix
-from ..model import Memory, NewMemory, Owner
+from ..model import MAX_CONFIDENCE, Memory, NewMemory, Owner
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
-from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
-                          memory_from_row, view_condition)
+from .sql_records import (MEMORY_COLUMNS, MEMORY_CONFIDENCE, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns,
+                          later_turns, memory_from_row, view_condition)
 from ._postgres_schema import ADMIN_ROLE, APP_ROLE, DERIVED_TABLES, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
@@ -200,23 +200,29 @@ WORDS_SHARE = 0.2
 """A keyword search reads the memories that hold a question's words through memory_words when the words' postings
 are at most this share of the owner's rows, and otherwise every one of the owner's rows (each a heap visit either
 way, so the postings only pay when they skip most rows: BENCHMARKS.md)."""
-_POSTINGS = ("SELECT w.memory_pk FROM (SELECT DISTINCT l.lexeme COLLATE \"C\" AS word, t.prefix"
-             " FROM unnest(%s::text[], %s::bool[]) AS t(term, prefix),"
-             " unnest(to_tsvector('memshelf_text', t.term)) AS l) q,"
-             " LATERAL (SELECT w.memory_pk FROM memory_words w WHERE w.tenant = %s AND w.user_id = %s"
+RANKED = 500
+"""A keyword search through memory_words ranks only some matches of a term whose postings number more than this (or
+than its limit): the term's NEWEST_RANKED newest, beside every match of the question's rarer terms (bm25_query)."""
+NEWEST_RANKED = 100
+"""How many of a common term's newest matches a bounded keyword search ranks (or its limit, if more)."""
+_WORDS = ("SELECT DISTINCT t.i, l.lexeme COLLATE \"C\" AS word, t.prefix"
+          " FROM unnest(%s::text[], %s::bool[]) WITH ORDINALITY AS t(term, prefix, i),"
+          " unnest(to_tsvector('memshelf_text', t.term)) AS l")
+"""The words of the question's terms (parameters: the terms, whether each is a prefix), numbered as the terms from
+1. A term's words are those to_tsvector makes of it, which are the lexemes its tsquery matches."""
+_POSTINGS = ("SELECT w.memory_pk FROM memory_words w WHERE w.tenant = %s AND w.user_id = %s"
              " AND w.word >= q.word AND w.word < q.word || CASE WHEN q.prefix THEN chr(1114111) ELSE chr(1) END"
-             " OFFSET 0) w")
-"""The postings of the owner's memories that hold a word of the question (parameters: the terms, whether each is a
-prefix, the owner), from the btree of memory_words (m015). A term's words are those to_tsvector makes of it, which
-are the lexemes its tsquery matches, so these lead to every memory the term's tsquery matches (the query then checks
-each with `@@`): a word matches itself, or, for a prefix term, every word that begins with it. The bounds are
-byte-wise (the column is COLLATE "C"): chr(1) is the least character, and no UTF-8 character sorts after
-chr(1114111). OFFSET 0 keeps the subquery a parameterised index range per word (flattened, the planner read every
-posting of the owner)."""
+             " OFFSET 0")
+"""The postings of the owner's memories that hold the word `q` (parameters: the owner), from the btree of
+memory_words (m015): a word matches itself, or, for a prefix term, every word that begins with it. So they lead to
+every memory the term's tsquery matches (the query then checks each with `@@`). The bounds are byte-wise (the column
+is COLLATE "C"): chr(1) is the least character, and no UTF-8 character sorts after chr(1114111). OFFSET 0 keeps the
+subquery a parameterised index range per word (flattened, the planner read every posting of the owner)."""
 
 
 def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple[str, Sequence[Any]],
-               owner: Owner, now: datetime, limit: int, words: bool = True) -> tuple[str, tuple[Any, ...]]:
+               owner: Owner, now: datetime, limit: int, words: bool = True, bound: float = math.inf,
+               newest: int = NEWEST_RANKED) -> tuple[str, tuple[Any, ...]]:
     """keyword_search's SQL and parameters: the owner's memories that match any of the (distinct) `terms`, ranked by
     bm25 with the owner's own statistics, gathered at query time, so there is no state to keep in step with writes
     and no other owner's words move a score:
@@ -235,15 +241,26 @@ def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple
     CONTEXT_WEIGHT, the default search scored LoCoMo frac@5 0.653 against 0.664 now, BENCHMARKS.md).
     Only the best `limit` rows are read back whole.
 
-    Each row comes back with the owner's row count after its rank (the store's hint for the next search).
+    Each row comes back with the owner's row count after its rank (the store's hint for the next search) and whether
+    the search was bounded (below); with no hit, one row of those two alone (its memory columns NULL).
 
-    The hits come by one of two ways, chosen in the statement (a one-time filter on each half of a UNION ALL):
-    through the words' postings when they are few (WORDS_SHARE), each row looked up by its key (a LATERAL subquery
-    kept whole by OFFSET 0, so a planner that expects one row of the owner cannot turn it into a scan of them all),
-    else from every row of the owner; the same rows either way. With `words` False (an owner known to be small,
-    WORDS_MIN_ROWS) the statement has only the second way, and costs what it did before memory_words. The CTEs of
-    hits and statistics are MATERIALIZED: under row-level security the planner expects one hit, and an inlined
-    `stats` was computed again for every hit (quadratic: 14 ms instead of 1.4 ms for 268 hits, BENCHMARKS.md)."""
+    The hits come by one of three ways, chosen in the statement (one-time filters on each half of a UNION ALL) from
+    how many postings each term has (an index-only count of its words in memory_words):
+
+    - bounded, when a term has more than `bound` postings: that term's `newest` newest matches (by when they were
+      stored) and every match of the other terms are ranked, and each term's document frequency is its number of
+      postings (so expired and superseded memories count, as in FTS5; a memory holding two words a prefix begins
+      counts twice), since the hits no longer hold every match. The caller ranks every match when what this gives
+      cannot be the answer (keyword_search);
+    - else through the postings when they number at most WORDS_SHARE of the owner's rows, each row looked up by its
+      key (a LATERAL subquery kept whole by OFFSET 0, so a planner that expects one row of the owner cannot turn it
+      into a scan of them all);
+    - else from every row of the owner; the same rows and scores as through the postings.
+
+    With `words` False (an owner known to be small, WORDS_MIN_ROWS) the statement has only the last way, and costs
+    what it did before memory_words. The CTEs of hits and statistics are MATERIALIZED: under row-level security the
+    planner expects one hit, and an inlined `stats` was computed again for every hit (quadratic: 14 ms instead of
+    1.4 ms for 268 hits, BENCHMARKS.md)."""
     count = len(terms)
     weight = f"{float(CONTEXT_WEIGHT)!r}::float8"
     context = "coalesce(m.context_search, ''::tsvector)"
@@ -252,7 +269,6 @@ def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple
     if with_context:
         found += "".join(f", ({context} @@ t.q{i})::int::float8 AS near{i}" for i in range(count))
     tf = [f"(h.own{i} + {weight} * h.near{i})" if with_context else f"h.own{i}" for i in range(count)]
-    df = "".join(f", count(*) FILTER (WHERE own{i} > 0)::float8 AS df{i}" for i in range(count))
     k1, b = f"{K1!r}::float8", f"{B!r}::float8"
     score = " + ".join(f"ln(1 + (s.n - s.df{i} + 0.5) / (s.df{i} + 0.5)) * {f} * ({k1} + 1)"
                        f" / ({f} + {k1} * (1 - {b} + {b} * h.dl / s.avgdl))" for i, f in enumerate(tf))
@@ -265,26 +281,46 @@ def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple
 
     hit_params = (owner.tenant, owner.user, now, *seen_params)
     if words:
-        ways = (f" postings AS MATERIALIZED ({_POSTINGS} LIMIT (SELECT few + 1 FROM owned)),"
-                " way AS MATERIALIZED (SELECT count(*) <= (SELECT few FROM owned) AS postings FROM postings),"
+        few = "(SELECT few FROM owned)"
+        ways = (f" words AS MATERIALIZED ({_WORDS}),"
+                " counts AS MATERIALIZED (SELECT q.i, sum(c.n)::float8 AS df FROM words q,"
+                " LATERAL (SELECT count(*) AS n FROM memory_words w WHERE w.tenant = %s AND w.user_id = %s"
+                " AND w.word = q.word) c GROUP BY q.i),"
+                " postings AS MATERIALIZED (SELECT * FROM (SELECT q.i, w.memory_pk FROM words q"
+                " JOIN counts c ON c.i = q.i,"
+                " LATERAL (SELECT w.memory_pk FROM memory_words w WHERE w.tenant = %s AND w.user_id = %s"
+                " AND w.word = q.word ORDER BY w.memory_pk DESC LIMIT %s) w WHERE c.df > %s::float8"
+                f" UNION ALL SELECT q.i, w.memory_pk FROM words q JOIN counts c ON c.i = q.i, LATERAL ({_POSTINGS}) w"
+                f" WHERE c.df <= %s::float8) p LIMIT {few} + 1),"
+                f" way AS MATERIALIZED (SELECT count(*) <= {few} AS postings, count(*) <= {few}"
+                " AND (SELECT coalesce(max(df) > %s::float8, false) FROM counts) AS bounded FROM postings),"
+                " tally AS MATERIALIZED (SELECT c.i, CASE WHEN c.df > %s::float8 THEN c.df ELSE"
+                " (SELECT count(DISTINCT p.memory_pk) FROM postings p WHERE p.i = c.i) END AS df FROM counts c),"
                 " hits AS MATERIALIZED (SELECT h.* FROM (SELECT DISTINCT memory_pk FROM postings) p,"
                 f" LATERAL ({hits('m.pk = p.memory_pk')} OFFSET 0) h WHERE (SELECT postings FROM way)"
                 f" UNION ALL {hits('NOT (SELECT postings FROM way)')}),")
         way_params = (list(terms), [is_prefix(term) for term in terms], owner.tenant, owner.user,
+                      owner.tenant, owner.user, newest, bound, owner.tenant, owner.user, bound, bound, bound,
                       *hit_params, *hit_params)
+        bounded = "(SELECT bounded FROM way)"
+        df = "".join(f", CASE WHEN {bounded} THEN coalesce((SELECT df FROM tally WHERE i = {i + 1}), 0)"
+                     f" ELSE count(*) FILTER (WHERE own{i} > 0)::float8 END AS df{i}" for i in range(count))
     else:
-        ways, way_params = f" hits AS MATERIALIZED ({hits('true')}),", hit_params
+        ways, way_params, bounded = f" hits AS MATERIALIZED ({hits('true')}),", hit_params, "false"
+        df = "".join(f", count(*) FILTER (WHERE own{i} > 0)::float8 AS df{i}" for i in range(count))
     # The questions' tsqueries are made once for both ways; with one way they are inlined, as constants of the scan
     # (a joined CTE row cost a small owner's search about a third more: 0.77 -> 1.2 ms).
     inlined = "MATERIALIZED" if words else "NOT MATERIALIZED"
     sql = (f"WITH tsq AS {inlined} (SELECT {queries}to_tsquery('memshelf_text', %s) AS q),"
            f" owned AS MATERIALIZED (SELECT count(*)::float8 AS n, ceil(count(*) * {WORDS_SHARE!r}) AS few"
            f" FROM memories m WHERE {_OWNER}),{ways}"
-           f" stats AS MATERIALIZED (SELECT avg(dl) AS avgdl{df}, (SELECT n FROM owned) AS n FROM hits),"
+           f" stats AS MATERIALIZED (SELECT avg(dl) AS avgdl{df}, (SELECT n FROM owned) AS n,"
+           f" {bounded} AS bounded FROM hits),"
            f" best AS (SELECT h.pk, h.confidence, h.created_at, {score} AS rank FROM hits h, stats s"
            f" ORDER BY {order} LIMIT %s)"
-           f" SELECT m.*, r.rank, s.n FROM best r, stats s, LATERAL (SELECT {MEMORY_COLUMNS} FROM memories m"
-           f" WHERE m.pk = r.pk OFFSET 0) m ORDER BY {', '.join('r.' + key for key in order.split(', '))}")
+           f" SELECT m.*, r.rank, s.n, s.bounded FROM stats s LEFT JOIN best r ON true"
+           f" LEFT JOIN LATERAL (SELECT {MEMORY_COLUMNS} FROM memories m WHERE m.pk = r.pk OFFSET 0) m ON true"
+           f" ORDER BY {', '.join('r.' + key for key in order.split(', '))}")
     params = (*(tsquery_text([term]) for term in terms), tsquery_text(terms), owner.tenant, owner.user,
               *way_params, limit)
     return sql, params
@@ -929,16 +965,25 @@ class PostgresStore(SQLRecords):
         order = ("confidence DESC, rank DESC, created_at DESC, pk DESC" if by_confidence else
                  "rank DESC, created_at DESC, pk DESC")
         large = self._owner_rows.get(owner, WORDS_MIN_ROWS) >= WORDS_MIN_ROWS  # unknown: either way may pay
-        statement, params = bm25_query(list(dict.fromkeys(terms)), not by_confidence, order,
-                                       (self._sql(seen), at), owner, now, limit, words=large)
-        with self._tenant(owner.tenant) as cur:
-            # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to the
-            # words, took 2 to 3 times as long as the plan made for them.
-            rows = cur.execute(statement, params, prepare=False).fetchall()
-        if rows:
+
+        def ranked(bound: float) -> tuple[list[Sequence], bool]:
+            statement, params = bm25_query(list(dict.fromkeys(terms)), not by_confidence, order,
+                                           (self._sql(seen), at), owner, now, limit, words=large, bound=bound,
+                                           newest=max(NEWEST_RANKED, limit))
+            with self._tenant(owner.tenant) as cur:
+                # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to the
+                # words, took 2 to 3 times as long as the plan made for them.
+                rows = cur.execute(statement, params, prepare=False).fetchall()
             if len(self._owner_rows) >= OWNER_HINTS:
                 self._owner_rows.clear()
             self._owner_rows[owner] = int(rows[0][MEMORY_WIDTH + 1])
+            return [row for row in rows if row[0] is not None], bool(rows[0][MEMORY_WIDTH + 2])
+
+        rows, bounded = ranked(max(RANKED, limit))
+        if bounded and (len(rows) < limit or by_confidence and rows[-1][MEMORY_CONFIDENCE] < MAX_CONFIDENCE):
+            # What the bound ranked cannot be the answer: too few of a common term's newest matches are current, or
+            # an older match may be more confident than the last hit. Every match is ranked instead.
+            rows, _ = ranked(math.inf)
         return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
 
     # ------------------------------------------------------------ vectors

@@ -61,6 +61,8 @@ MEMORY_COLUMNS = ("m.id, m.topic, m.content, m.source, m.confidence, m.created_a
 """The columns a Memory is read from (table alias m), in memory_from_row's order."""
 MEMORY_WIDTH = 14
 """How many columns MEMORY_COLUMNS selects: a query's extra columns come after them."""
+MEMORY_CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
+"""Where a row read with MEMORY_COLUMNS holds the memory's confidence."""
 
 
 def memory_from_row(row: Sequence, time_out: Callable[[Any], datetime | None]) -> Memory:

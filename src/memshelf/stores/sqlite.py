@@ -24,8 +24,8 @@ from ..keywords import is_prefix
 from ..model import MAX_CONFIDENCE, Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, normalize, top_k
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
-from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
-                          memory_from_row, view_condition)
+from .sql_records import (MEMORY_COLUMNS, MEMORY_CONFIDENCE, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns,
+                          later_turns, memory_from_row, view_condition)
 from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
 from ._sqlite_lib import sqlite3 as sqlite3  # public: code reading a store's file in its process must use it
 from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS, WORD_MARKS
@@ -162,7 +162,6 @@ where that may be enough: when too few were current, or when the statements amon
 be enough. If that falls short, it ranks every match when too few were current, and otherwise the matches more
 confident than its last hit (keyword_search)."""
 
-_CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
 """Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
 _CREATED = MEMORY_COLUMNS.split(", ").index("m.created_at")
 """Where it holds when the memory was stored."""
@@ -806,7 +805,7 @@ class SQLiteStore(SQLRecords):
             """The best `limit` of rows ranked by separate statements, in the statements' order (stable sorts, the
             last key first)."""
             rows.sort(key=lambda r: (r[_CREATED], r[MEMORY_WIDTH + 1]), reverse=True)
-            rows.sort(key=(lambda r: (-r[_CONFIDENCE], r[MEMORY_WIDTH])) if by_confidence else
+            rows.sort(key=(lambda r: (-r[MEMORY_CONFIDENCE], r[MEMORY_WIDTH])) if by_confidence else
                       (lambda r: r[MEMORY_WIDTH]))
             return rows[:limit]
 
@@ -826,11 +825,11 @@ class SQLiteStore(SQLRecords):
             """Whether what the bound ranked may not hold the answer: too few of its rows are current, or an older
             match outside it may be more confident than the last hit."""
             return ranked_only is not None and not ranked_only.complete and (
-                len(rows) < limit or by_confidence and rows[-1][_CONFIDENCE] < most_confident)
+                len(rows) < limit or by_confidence and rows[-1][MEMORY_CONFIDENCE] < most_confident)
 
         rows = ranked(bounded or every())
         if doubtful(bounded, rows):
-            stated = sum(row[_CONFIDENCE] >= MAX_CONFIDENCE for row in rows)
+            stated = sum(row[MEMORY_CONFIDENCE] >= MAX_CONFIDENCE for row in rows)
             if len(rows) < limit or stated * WIDER >= limit:
                 # More of the newest matches: too few were current, or the statements among them, as many times
                 # over, would be enough (an owner whose memories are mostly learned has a few among the newest).
@@ -843,7 +842,7 @@ class SQLiteStore(SQLRecords):
             # the older ones can take its place, so those (few, for such an owner) are ranked among every match,
             # and the best of both kept.
             shown = {row[MEMORY_WIDTH + 1] for row in rows}
-            confident = _Part(" AND m.confidence > ?", (rows[-1][_CONFIDENCE],), bounded.every)
+            confident = _Part(" AND m.confidence > ?", (rows[-1][MEMORY_CONFIDENCE],), bounded.every)
             rows = in_order(rows + [row for row in ranked(_Bound((confident,), True, bounded.every))
                                     if row[MEMORY_WIDTH + 1] not in shown])
         # bm25() is lower-is-better; report higher-is-better.
