@@ -55,7 +55,8 @@ configuration (unaccented, English snowball stems, no stopwords) over the text a
 (CJK as pairs of characters, m011); each term becomes `'term':*` (prefix match) or `'term'` (keywords.is_prefix),
 quoted so user text is never tsquery syntax, OR-ed. Ordered exactly as on SQLite, with bm25 for relevance, its
 statistics (how many of the owner's memories hold each word, their number and length) gathered at query time
-from the owner's own memories (bm25_query). The hybrid's keyword candidates are ranked with their conversation
+from the owner's own memories (bm25_query); a term whose word is in very many of them has only its newest matches
+ranked (RANKED, NEWEST_RANKED), as on SQLite. The hybrid's keyword candidates are ranked with their conversation
 context too (`context_search`: the words of the CONTEXT_TURNS memories the owner stored before under the same
 topic, weight CONTEXT_WEIGHT against 1.0 for the row's own words); a row is found only by its own words either way.
 
@@ -201,8 +202,10 @@ WORDS_SHARE = 0.2
 are at most this share of the owner's rows, and otherwise every one of the owner's rows (each a heap visit either
 way, so the postings only pay when they skip most rows: BENCHMARKS.md)."""
 RANKED = 500
-"""A keyword search through memory_words ranks only some matches of a term whose postings number more than this (or
-than its limit): the term's NEWEST_RANKED newest, beside every match of the question's rarer terms (bm25_query)."""
+"""A keyword search through memory_words ranks only some matches of a term whose own word is in more of the owner's
+memories than this (or than its limit): that word's NEWEST_RANKED newest, beside every match of the question's rarer
+terms (bm25_query; the same numbers as SQLite's; on the bench's common words at 10,000 memories per owner, about a
+third of the time of ranking every match, BENCHMARKS.md)."""
 NEWEST_RANKED = 100
 """How many of a common term's newest matches a bounded keyword search ranks (or its limit, if more)."""
 _WORDS = ("SELECT DISTINCT t.i, l.lexeme COLLATE \"C\" AS word, t.prefix"
@@ -245,17 +248,19 @@ def bm25_query(terms: Sequence[str], with_context: bool, order: str, seen: tuple
     the search was bounded (below); with no hit, one row of those two alone (its memory columns NULL).
 
     The hits come by one of three ways, chosen in the statement (one-time filters on each half of a UNION ALL) from
-    how many postings each term has (an index-only count of its words in memory_words):
+    how many postings each term's own word has (an index-only count in memory_words) and how many postings the
+    question would read (at most WORDS_SHARE of the owner's rows, or else none):
 
-    - bounded, when a term has more than `bound` postings: that term's `newest` newest matches (by when they were
-      stored) and every match of the other terms are ranked, and each term's document frequency is its number of
-      postings (so expired and superseded memories count, as in FTS5; a memory holding two words a prefix begins
-      counts twice), since the hits no longer hold every match. The caller ranks every match when what this gives
+    - bounded, when a term's own word (as stemmed, not the words a prefix term begins) has more than `bound`
+      postings: only that word's `newest` newest postings (by when the memories were stored; a backward range of
+      the btree) and every posting of the other terms are read, and each term's document frequency comes from the
+      postings (the common word's count, the others' memories), since the hits no longer hold every match: as in
+      FTS5, expired and superseded memories count until purged. The caller ranks every match when what this gives
       cannot be the answer (keyword_search);
-    - else through the postings when they number at most WORDS_SHARE of the owner's rows, each row looked up by its
-      key (a LATERAL subquery kept whole by OFFSET 0, so a planner that expects one row of the owner cannot turn it
-      into a scan of them all);
-    - else from every row of the owner; the same rows and scores as through the postings.
+    - else through the postings, each row looked up by its key (a LATERAL subquery kept whole by OFFSET 0, so a
+      planner that expects one row of the owner cannot turn it into a scan of them all);
+    - else (more postings than WORDS_SHARE of the owner's rows) from every row of the owner, every match ranked;
+      the same rows and scores as through the postings.
 
     With `words` False (an owner known to be small, WORDS_MIN_ROWS) the statement has only the last way, and costs
     what it did before memory_words. The CTEs of hits and statistics are MATERIALIZED: under row-level security the
