@@ -52,6 +52,14 @@ def test_a_source_that_does_not_exist_is_refused_and_nothing_is_created(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_folder_as_the_source_is_named_a_folder_and_nothing_is_created(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    proc = run(tmp_path, "migrate", str(tmp_path / "data"), str(tmp_path / "other.db"))
+    assert proc.returncode == 1
+    assert "data' is a folder, not a SQLite file" in proc.stderr and "database file inside it" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"] and list((tmp_path / "data").iterdir()) == []
+
+
 def test_a_file_that_is_not_a_memshelf_store_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a database")
     proc = run(tmp_path, "migrate", str(tmp_path / "notes.txt"), str(tmp_path / "other.db"))

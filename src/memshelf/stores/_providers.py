@@ -26,6 +26,9 @@ def _open_sqlite(target: str) -> Store:
 
 def _check_sqlite_source(target: str) -> None:
     path = Path(target.removeprefix("sqlite://")).expanduser()
+    if path.is_dir():
+        raise InvalidInput(f"the source {target!r} is a folder, not a SQLite file: nothing was copied or created. "
+                           "Give the path of the memshelf database file inside it (memshelf.db by default)")
     if not path.is_file():
         raise InvalidInput(f"the source {target!r} does not exist: nothing was copied or created. Check the path of "
                            "the SQLite file to copy from (the one MEMSHELF_DB or --db named), or give a "
