@@ -806,7 +806,8 @@ def keys_revoke(ctx: typer.Context, key_id: str) -> None:
 
 @app.command()
 def stats(ctx: typer.Context) -> None:
-    """Count what the database holds: owners, memories, facts, messages and more."""
+    """Count the records the database holds for all owners together (memories, facts, messages) and name the
+    configured embedder. `memshelf users` lists a tenant's users, with counts of each."""
     s = _settings(ctx)
     with _shelf(ctx) as shelf:  # the configured embedder is named, never loaded
         counts = shelf.stats()
