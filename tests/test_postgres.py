@@ -1227,9 +1227,9 @@ def test_a_rare_word_is_read_through_its_postings_and_a_common_one_from_every_ro
 
 
 def test_a_common_words_newest_matches_are_ranked_with_every_match_of_the_rarer_words(pg_fresh_url, monkeypatch):
-    """A term with more than RANKED postings is common: only its newest matches are ranked, beside every match of
-    the question's rarer words, so a question of a common word reads a bounded number of rows however many hold
-    it, and the rare word's old match still comes first."""
+    """A term whose own word has more than RANKED postings is common: only its newest matches are ranked, beside
+    every match of the question's rarer words, so a question of a common word reads a bounded number of rows
+    however many hold it, and the rare word's old match still comes first."""
     monkeypatch.setattr(pg_module, "RANKED", 20)
     monkeypatch.setattr(pg_module, "NEWEST_RANKED", 6)
     monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 0)
