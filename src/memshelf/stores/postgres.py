@@ -94,8 +94,8 @@ from .._ids import new_ids
 from ..keywords import is_prefix
 from ..model import MAX_CONFIDENCE, Memory, NewMemory, Owner
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
-from .sql_records import (MEMORY_COLUMNS, MEMORY_CONFIDENCE, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns,
-                          later_turns, memory_from_row, view_condition)
+from .sql_records import (MEMORY_COLUMNS, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns, later_turns,
+                          memory_from_row, short_of_the_answer, view_condition)
 from ._postgres_schema import ADMIN_ROLE, APP_ROLE, DERIVED_TABLES, MIGRATION_LOCK, MIGRATIONS, WHITESPACE_DIGESTS
 from ._postgres_upkeep import Pair, Upkeep, scrub_settings
 
@@ -985,7 +985,7 @@ class PostgresStore(SQLRecords):
             return [row for row in rows if row[0] is not None], bool(rows[0][MEMORY_WIDTH + 2])
 
         rows, bounded = ranked(max(RANKED, limit))
-        if bounded and (len(rows) < limit or by_confidence and rows[-1][MEMORY_CONFIDENCE] < MAX_CONFIDENCE):
+        if bounded and short_of_the_answer(rows, limit, by_confidence, MAX_CONFIDENCE):
             # What the bound ranked cannot be the answer: too few of a common term's newest matches are current, or
             # an older match may be more confident than the last hit. Every match is ranked instead.
             rows, _ = ranked(math.inf)

@@ -65,6 +65,14 @@ MEMORY_CONFIDENCE = MEMORY_COLUMNS.split(", ").index("m.confidence")
 """Where a row read with MEMORY_COLUMNS holds the memory's confidence."""
 
 
+def short_of_the_answer(rows: Sequence[Sequence], limit: int, by_confidence: bool, most_confident: float) -> bool:
+    """Whether a keyword search that ranked only some matches (a common word's newest) may have missed its answer:
+    fewer hits than the limit (matches left out may be current), or, ordered by confidence first, a last hit less
+    confident than the most confident memory the owner may hold (an older match left out may outrank it). Rows are
+    read with MEMORY_COLUMNS."""
+    return len(rows) < limit or by_confidence and rows[-1][MEMORY_CONFIDENCE] < most_confident
+
+
 def memory_from_row(row: Sequence, time_out: Callable[[Any], datetime | None]) -> Memory:
     """A Memory from the first MEMORY_WIDTH columns of a row selected with MEMORY_COLUMNS."""
     return Memory(id=row[0], topic=row[1], content=row[2], source=row[3], confidence=row[4],

@@ -25,7 +25,7 @@ from ..model import MAX_CONFIDENCE, Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, normalize, top_k
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_CONFIDENCE, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns,
-                          later_turns, memory_from_row, view_condition)
+                          later_turns, memory_from_row, short_of_the_answer, view_condition)
 from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
 from ._sqlite_lib import sqlite3 as sqlite3  # public: code reading a store's file in its process must use it
 from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS, WORD_MARKS
@@ -162,9 +162,8 @@ where that may be enough: when too few were current, or when the statements amon
 be enough. If that falls short, it ranks every match when too few were current, and otherwise the matches more
 confident than its last hit (keyword_search)."""
 
-"""Where a row selected with MEMORY_COLUMNS holds the memory's confidence."""
 _CREATED = MEMORY_COLUMNS.split(", ").index("m.created_at")
-"""Where it holds when the memory was stored."""
+"""Where a row selected with MEMORY_COLUMNS holds when the memory was stored."""
 
 
 REFRESH_LOCKS = 16
@@ -824,8 +823,8 @@ class SQLiteStore(SQLRecords):
         def doubtful(ranked_only: _Bound | None, rows: list) -> bool:
             """Whether what the bound ranked may not hold the answer: too few of its rows are current, or an older
             match outside it may be more confident than the last hit."""
-            return ranked_only is not None and not ranked_only.complete and (
-                len(rows) < limit or by_confidence and rows[-1][MEMORY_CONFIDENCE] < most_confident)
+            return ranked_only is not None and not ranked_only.complete and \
+                short_of_the_answer(rows, limit, by_confidence, most_confident)
 
         rows = ranked(bounded or every())
         if doubtful(bounded, rows):
