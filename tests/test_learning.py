@@ -209,7 +209,8 @@ def test_moving_back_makes_the_old_memory_current_again(shelf, clock):
 @pytest.mark.parametrize("mode", ["semantic", "hybrid"])
 def test_meaning_search_skips_a_superseded_memory_too(open_shelf, clock, mode):
     """Vector search as well as keywords: on SQLite the owner's cached vector matrix is refreshed when a memory is
-    closed; on PostgreSQL the exact scan drops closed rows."""
+    closed, and again when it holds again because what closed it was erased; on PostgreSQL the exact scan drops
+    closed rows."""
     shelf = open_shelf(embedder=HashEmbedder(), clock=clock)
     old = shelf.remember(KALEB, "work", "Kaleb works at Acme as a welder.")
     clock.advance(60)
@@ -225,6 +226,11 @@ def test_meaning_search_skips_a_superseded_memory_too(open_shelf, clock, mode):
     assert {h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode, include_superseded=True)} == {
         old.id, applied.record}
     assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode, as_of=before)] == [old.id]
+
+    shelf.forget_thread(KALEB, "t1", cascade=True)  # what the thread taught goes: what it replaced holds again
+    assert [h.memory.id for h in shelf.search(KALEB, "Kaleb works at Acme", mode=mode)] == [old.id]
+    assert "Acme" in shelf.build_prompt("base", KALEB, "where does Kaleb work as a welder")
+    assert shelf.get(KALEB, old.id).superseded_by is None
 
 
 def test_another_owners_memory_cannot_be_superseded(shelf):

@@ -156,6 +156,8 @@ def open_as(page: Any, served: Served, user: str, key: str | None = None) -> Non
 
 def show_memories(page: Any, count: int) -> None:
     page.get_by_role("button", name="Show memories").click()
+    if count == 0:  # no row to wait for: wait for the answer, or it may land after the next step's and hide it
+        status(page).get_by_text("has no memories here").wait_for()
     page.wait_for_function("n => document.querySelectorAll('#rows tr').length === n", arg=count)
 
 

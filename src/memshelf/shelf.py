@@ -485,7 +485,8 @@ class Shelf:
         return changed
 
     def forget(self, owner: Owner, memory_id: str) -> Erased:
-        """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound."""
+        """Erase one memory of this owner, with its vector and index entries. Another owner's id is NotFound. A
+        memory it had superseded takes its place: current again, or closed by what had closed the erased one."""
         if not self.store.delete_memory(_check_owner(owner), self._check_id(memory_id)):
             raise NotFound(f"no memory {memory_id!r} for {owner}", MEMORY_ID_ADVICE, fix="memory_id",
                            after="; nothing was deleted")
@@ -710,7 +711,8 @@ class Shelf:
         """Erase a thread: its messages and its learning watermark. With cascade, also what was learned only from
         it: memories whose every evidence message is in this thread, and the values it taught facts whose every
         evidence message is (a value the caller set stays, and becomes current again if a taught one had replaced
-        it). A record with evidence in another thread, or none (written by the caller), stays."""
+        it; so does a memory that an erased one had superseded). A record with evidence in another thread, or none
+        (written by the caller), stays."""
         thread = check_text("thread", thread, MAX_TOPIC_CHARS)
         owner = _check_owner(owner)
         if "outranks" in inspect.signature(self.store.forget_thread).parameters:

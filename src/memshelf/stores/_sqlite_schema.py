@@ -368,4 +368,9 @@ SELECT 1;
 -- so forgetting a thread with cascade takes that value and leaves one the caller set. Older rows have none.
 ALTER TABLE learned_from ADD COLUMN set_at TEXT;
 """),
+    ("m019_superseded", """
+-- The owner's superseded memories: erasing a memory finds those it had closed through this (they take its place,
+-- stores/sql_records.py _hand_back_places) without reading every row of the owner. PostgreSQL has had it since m008.
+CREATE INDEX memories_superseded ON memories (tenant, user_id) WHERE superseded_at IS NOT NULL;
+"""),
 ]

@@ -217,7 +217,10 @@ class MemoryStore(ABC):
     def get_memory(self, owner: Owner, memory_id: str, now: datetime) -> Memory | None: ...
 
     @abstractmethod
-    def delete_memory(self, owner: Owner, memory_id: str) -> bool: ...
+    def delete_memory(self, owner: Owner, memory_id: str) -> bool:
+        """Erase the owner's memory; False when it has none by that id. The memories it had superseded take its
+        place (its superseded_at and superseded_by, so NULL when it was current), in the same transaction; so does
+        forget_thread's cascade for the memories it erases."""
 
     @abstractmethod
     def supersede_memory(self, owner: Owner, old_id: str, new_id: str, now: datetime) -> bool:

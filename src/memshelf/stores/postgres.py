@@ -917,6 +917,7 @@ class PostgresStore(SQLRecords):
 
     def delete_memory(self, owner: Owner, memory_id: str) -> bool:
         with self._tenant(owner.tenant) as cur:
+            self._hand_back_places(cur, owner, [memory_id])  # type: ignore[arg-type]  # a psycopg cursor
             gone = cur.execute("DELETE FROM memories WHERE tenant = %s AND user_id = %s AND id = %s"
                                " RETURNING tenant, user_id, topic, pk",
                                (owner.tenant, owner.user, memory_id)).fetchall()

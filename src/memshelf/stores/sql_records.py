@@ -137,6 +137,8 @@ _USER = "tenant = ? AND user_id = ?"
 _KEY_COLUMNS = "id, tenant, name, created_at, revoked_at"
 _FACT_HISTORY_INSERT = ("INSERT INTO fact_history (tenant, user_id, key, value, source, set_at)"
                         " VALUES (?, ?, ?, ?, ?, ?)")
+_IDS_PER_STATEMENT = 500
+"""Ids asked for in one IN (...) list (SQLite before 3.32 allows 999 parameters in a statement)."""
 _MESSAGE_INSERT = ("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -419,6 +421,40 @@ class SQLRecords(Store):
                                (owner.tenant, owner.user, kind, record)).rowcount
         return gone
 
+    def _hand_back_places(self, db: Statements, owner: Owner, ids: Sequence[str]) -> int:
+        """Before the owner's memories `ids` are erased: a memory that one of them superseded takes the place the
+        erased one held, as though it had never been written: current again if the erased one was current, else
+        closed by what closed the erased one, at that instant (a chain of erased memories is followed to its end).
+        So no erased id stays in another row, and erasing a learned memory gives back the one it replaced, as a
+        fact's earlier value comes back. Returns how many memories were changed."""
+        gone: dict[str, tuple[Any, Any]] = {}
+        replaced: list[tuple[str, str | None]] = []
+        for start in range(0, len(ids), _IDS_PER_STATEMENT):
+            chunk = list(ids[start:start + _IDS_PER_STATEMENT])
+            marks = ", ".join("?" * len(chunk))
+            gone.update((row[0], (row[1], row[2])) for row in db.execute(self._sql(
+                f"SELECT id, superseded_by, superseded_at FROM memories WHERE {_USER} AND id IN ({marks})"),
+                (owner.tenant, owner.user, *chunk)).fetchall())
+            replaced += [(row[0], row[1]) for row in db.execute(self._sql(
+                f"SELECT id, superseded_by FROM memories WHERE {_USER} AND superseded_at IS NOT NULL"
+                f" AND superseded_by IN ({marks})"), (owner.tenant, owner.user, *chunk)).fetchall()]
+        changed = 0
+        for memory_id, successor in replaced:
+            if memory_id in gone:
+                continue
+            seen: set[str] = set()
+            closed_by: str | None = successor
+            closed_at: Any = None
+            while closed_by in gone and closed_by not in seen:
+                seen.add(closed_by)
+                closed_by, closed_at = gone[closed_by]
+            if closed_by in gone or closed_by == memory_id:  # a cycle: nothing else is left to close it
+                closed_by = closed_at = None
+            changed += db.execute(self._sql(f"UPDATE memories SET superseded_by = ?, superseded_at = ?"
+                                            f" WHERE {_USER} AND id = ?"),
+                                  (closed_by, closed_at, owner.tenant, owner.user, memory_id)).rowcount
+        return changed
+
     def _forget_learned_fact(self, db: Statements, owner: Owner, thread: str, key: str,
                              outranks: Callable[[str, str], bool] | None) -> tuple[int, int, int]:
         """Erase the values of fact `key` that the thread taught (the history rows its evidence names by set_at),
@@ -491,6 +527,7 @@ class SQLRecords(Store):
             if cascade:
                 memories = self._learned_only_from(db, owner, thread, "memory")
                 facts = self._learned_only_from(db, owner, thread, "fact")
+                self._hand_back_places(db, owner, memories)
                 counts["memories"], touched = self._delete_memories(db, owner, memories) if memories else (0, set())
                 counts["facts"] = counts["fact_history"] = 0
                 for key in facts:

@@ -751,6 +751,7 @@ class SQLiteStore(SQLRecords):
 
     def delete_memory(self, owner: Owner, memory_id: str) -> bool:
         with self.atomic():
+            self._hand_back_places(self._statements, owner, [memory_id])
             deleted, touched = self._forget_rows("tenant = ? AND user_id = ? AND id = ?",
                                                  (owner.tenant, owner.user, memory_id), recontext=True)
             self._drop_evidence(self._statements, owner, "memory", [memory_id] if deleted else [])

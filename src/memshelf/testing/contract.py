@@ -708,9 +708,57 @@ def test_a_repeat_does_not_reopen_what_a_statement_replaced(shelf, clock):
     new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
     shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
     assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined").superseded_by == new.id
-    shelf.forget(KALEB, new.id)  # what replaced it is gone: nothing outranks the repeat now
-    assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined").superseded_at is None
+    assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "inferred").superseded_by == new.id
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Lisbon."]
+
+
+def test_erasing_a_memory_gives_its_place_back_to_the_one_it_replaced(shelf, clock):
+    """As though the erased memory had never been written: what it closed is current again, or, if something had
+    closed it in turn, closed by that at that instant; no erased id stays behind in superseded_by."""
+    porto = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    clock.advance(10)
+    lisbon = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.", "inferred")
+    shelf.store.supersede_memory(KALEB, porto.id, lisbon.id, shelf.now())
+    clock.advance(10)
+    between = shelf.now()
+    clock.advance(10)
+    faro = shelf.remember(KALEB, "home", "Kaleb lives in Faro.")
+    shelf.store.supersede_memory(KALEB, lisbon.id, faro.id, shelf.now())
+    moved = shelf.now()
+    clock.advance(10)
+
+    assert shelf.forget(KALEB, lisbon.id).memories == 1
+    back = shelf.get(KALEB, porto.id)
+    assert (back.superseded_by, back.superseded_at) == (faro.id, moved)
+    assert contents(shelf.search(KALEB, "Kaleb lives", as_of=between)) == ["Kaleb lives in Porto."]
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Faro."]
+
+    shelf.forget(KALEB, faro.id)
+    assert (shelf.get(KALEB, porto.id).superseded_by, shelf.get(KALEB, porto.id).superseded_at) == (None, None)
     assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Porto."]
+    assert "Porto" in shelf.context(KALEB, "where does Kaleb live")
+    assert [m.id for m in shelf.list_memories(KALEB)[0]] == [porto.id]
+
+
+def test_erasing_what_replaced_another_owners_memory_leaves_it_alone(shelf):
+    theirs = shelf.remember(SAME_TENANT_OTHER_USER, "home", "Maya lives in Porto.")
+    replacing = shelf.remember(SAME_TENANT_OTHER_USER, "home", "Maya lives in Lisbon.")
+    shelf.store.supersede_memory(SAME_TENANT_OTHER_USER, theirs.id, replacing.id, shelf.now())
+    for stranger in [KALEB, SAME_USER_OTHER_TENANT]:
+        with pytest.raises(NotFound):
+            shelf.forget(stranger, replacing.id)
+    assert shelf.get(SAME_TENANT_OTHER_USER, theirs.id).superseded_by == replacing.id
+
+
+def test_erasing_one_of_two_memories_that_closed_each_other_leaves_the_other_current(shelf):
+    first = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    second = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    shelf.store.supersede_memory(KALEB, first.id, second.id, shelf.now())
+    shelf.store.supersede_memory(KALEB, second.id, first.id, shelf.now())  # the store allows it: both closed
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == []
+    shelf.forget(KALEB, second.id)
+    assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["Kaleb lives in Porto."]
+    assert shelf.get(KALEB, first.id).superseded_by is None
 
 
 def test_an_expiry_can_be_set_moved_and_removed(shelf, clock):
@@ -880,6 +928,26 @@ def test_forget_thread_erases_its_messages_and_watermark_and_cascades_by_evidenc
     assert shelf.store.learn_mark(KALEB, "t1") is None
     assert [e.thread for e in shelf.evidence(KALEB, memory_id=also_elsewhere.id)] == ["t2"]
     assert shelf.get(KALEB, written.id).content == "Kaleb had a parrot."
+
+
+def test_forget_thread_gives_back_what_its_learned_memories_replaced(shelf, clock):
+    """A memory learned only from the thread goes with it, and what it had replaced holds again (as a fact's
+    earlier value does), even when a memory learned later in the same thread had replaced it in turn."""
+    porto = shelf.remember(KALEB, "home", "Kaleb lives in Porto.")
+    lisbon = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.", "mined")
+    faro = shelf.remember(KALEB, "home", "Kaleb lives in Faro.", "mined")
+    shelf.store.supersede_memory(KALEB, porto.id, lisbon.id, shelf.now())
+    clock.advance(10)
+    shelf.store.supersede_memory(KALEB, lisbon.id, faro.id, shelf.now())
+    said = shelf.log_message(KALEB, "t1", "user", "I moved to Lisbon, and then to Faro.")
+    shelf.store.add_evidence(KALEB, [Evidence("memory", learned.id, said.id, "t1", said.created_at)
+                                     for learned in (lisbon, faro)])
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Faro."]
+
+    assert shelf.forget_thread(KALEB, "t1", cascade=True).memories == 2
+
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Porto."]
+    assert shelf.get(KALEB, porto.id).superseded_at is None
 
 
 def test_forget_thread_without_cascade_keeps_what_was_learned(shelf):
