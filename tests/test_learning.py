@@ -381,6 +381,24 @@ def test_forget_thread_with_cascade_takes_only_what_came_only_from_it(shelf, clo
     assert shelf.store.learn_mark(KALEB, "home") is not None
 
 
+def test_forget_thread_with_cascade_keeps_a_learned_memory_the_caller_then_remembered(shelf, clock):
+    """The assistant learns a line from the conversation, then the caller's own code remembers the same line:
+    forgetting the conversation takes what only it taught, and leaves what the caller said."""
+    shelf.log_message(KALEB, "t1", "user", "Remember that my sister's wedding is in Faro. I live in Porto.")
+    [learned] = [p for p in shelf.learn(KALEB, thread="t1").applied if p.op == "remember"]
+    memory = shelf.get(KALEB, learned.record)
+    assert [e.thread for e in shelf.evidence(KALEB, memory_id=memory.id)] == ["t1"]
+    clock.advance(60)
+
+    again = shelf.remember(KALEB, memory.topic, memory.content)
+
+    assert again.id == memory.id and shelf.evidence(KALEB, memory_id=memory.id) == []
+    erased = shelf.forget_thread(KALEB, "t1", cascade=True)
+    assert (erased.memories, erased.facts) == (0, 1)  # home_city was only learned
+    assert [h.memory.id for h in shelf.search(KALEB, "sister wedding")] == [memory.id]
+    assert "Faro" in shelf.build_prompt("base", KALEB, "where is the wedding") and fact(shelf, "home_city") is None
+
+
 def test_forget_thread_with_cascade_keeps_what_the_caller_set(shelf, clock):
     """A fact learned from a thread, then set by the caller: forgetting the thread takes the learned value from the
     history and leaves the caller's (before, the whole fact went, the caller's value with it). A learned value that

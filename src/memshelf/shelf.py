@@ -313,7 +313,19 @@ class Shelf:
         if not batch:
             return []
         self._embed_new(owner, batch)
-        return self.store.add_memories(owner, batch, now)
+        with self.store.atomic():
+            stored = self.store.add_memories(owner, batch, now)
+            self._now_the_callers(owner, stored)
+        return stored
+
+    def _now_the_callers(self, owner: Owner, stored: Sequence[Memory]) -> None:
+        """A learned memory the caller writes again is the caller's from then on: its evidence goes, so that no
+        forget_thread cascade takes what the caller said (as one the caller wrote first stays the caller's when
+        learning sees it again)."""
+        again = list(dict.fromkeys(m.id for m in stored if m.observations > 1))
+        learned = [memory_id for memory_id in again if self.store.evidence(owner, "memory", memory_id)]
+        if learned:
+            self.store.drop_evidence(owner, "memory", learned)
 
     def _new_memory(self, item: Mapping[str, Any], now: datetime) -> NewMemory:
         if not isinstance(item, Mapping):

@@ -357,6 +357,11 @@ class RecordStore(ABC):
     def evidence(self, owner: Owner, kind: str | None, record: str | None) -> list[Evidence]:
         """The evidence of one record (kind and record), or all of the owner's (both None), oldest first."""
 
+    def drop_evidence(self, owner: Owner, kind: str, records: Sequence[str]) -> int:
+        """Delete every evidence row of these records of the owner (a learned memory the caller has since written
+        itself, which is the caller's from then on); returns how many rows went."""
+        raise StoreError(f"{type(self).__name__} cannot drop evidence: implement drop_evidence")
+
     def delete_message(self, owner: Owner, message_id: str) -> Erased:
         """Erase one message of the owner, with the evidence rows that cite it (what was learned from it stays).
         Erased.messages is 0 when the owner has no such message."""

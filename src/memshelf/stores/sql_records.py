@@ -413,6 +413,10 @@ class SQLRecords(Store):
             rows = db.execute(self._sql(query + " ORDER BY pk"), params).fetchall()
         return [Evidence(r[0], r[1], r[2], r[3], self._time_out(r[4]), self._time_out(r[5])) for r in rows]
 
+    def drop_evidence(self, owner: Owner, kind: str, records: Sequence[str]) -> int:
+        with self._owner_scope(owner.tenant) as db:
+            return self._drop_evidence(db, owner, kind, records)
+
     def _drop_evidence(self, db: Statements, owner: Owner, kind: str, records: Sequence[str]) -> int:
         """Delete the evidence of records that are gone; returns how many rows."""
         gone = 0

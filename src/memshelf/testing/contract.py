@@ -950,6 +950,28 @@ def test_forget_thread_gives_back_what_its_learned_memories_replaced(shelf, cloc
     assert shelf.get(KALEB, porto.id).superseded_at is None
 
 
+def test_a_learned_memory_the_caller_writes_again_is_the_callers(shelf):
+    """What the caller said is never undone by forgetting a conversation: a memory learned from a thread and then
+    remembered by the caller (the same topic and text) loses its evidence, and forget_thread's cascade keeps it."""
+    said = shelf.log_message(KALEB, "t1", "user", "Remember that the gate code is 4711.")
+    learned = shelf.remember(KALEB, "home", "The gate code is 4711.", "mined")
+    other = shelf.remember(KALEB, "home", "The bins go out on Tuesday.", "mined")
+    shelf.store.add_evidence(KALEB, [Evidence("memory", memory.id, said.id, "t1", said.created_at)
+                                     for memory in (learned, other)])
+    for stranger in STRANGERS:
+        assert shelf.store.drop_evidence(stranger, "memory", [learned.id]) == 0
+    assert len(shelf.evidence(KALEB, memory_id=learned.id)) == 1
+    again = shelf.remember_many(KALEB, [{"topic": "home", "content": "The gate code is 4711."},
+                                        {"topic": "home", "content": "The garage is unlocked."}])[0]
+    assert (again.id, again.observations, again.source) == (learned.id, 2, "stated")
+    assert shelf.evidence(KALEB, memory_id=learned.id) == []
+    assert [e.record for e in shelf.evidence(KALEB)] == [other.id]
+
+    assert shelf.forget_thread(KALEB, "t1", cascade=True).memories == 1
+    assert sorted(m.content for m in shelf.list_memories(KALEB)[0]) == ["The garage is unlocked.",
+                                                                         "The gate code is 4711."]
+
+
 def test_forget_thread_without_cascade_keeps_what_was_learned(shelf):
     memory = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
     here = shelf.log_message(KALEB, "t1", "user", "I have a cat.")
