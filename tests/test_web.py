@@ -347,6 +347,30 @@ def test_an_expiry_is_changed_in_a_dialog_and_a_past_date_is_refused_in_words(pa
         assert shelf.get(owner, memory.id).expires_at is None
 
 
+def test_a_list_that_answers_late_does_not_speak_over_the_tab_shown(page: Any, served: Served) -> None:
+    """The memories are asked for, the Facts tab is chosen before they come, the facts come first: the status line
+    keeps saying what the Facts tab shows when the memories arrive."""
+    seed(served, USER, ("home", "Kaleb lives in Porto."))
+    with Shelf.open(served.db, embedder=None) as shelf:
+        shelf.set_fact(Owner(TENANT, USER), "user_name", "Kaleb")
+    held: list[Any] = []
+    memories = re.compile(r"/v1/users/[^/]+/memories\?")
+    page.route(memories, lambda route: held.append(route))  # answered when the test says
+    open_as(page, served, USER)
+    page.get_by_role("button", name="Show memories").click()
+    while not held:
+        page.wait_for_timeout(20)
+    page.get_by_role("tab", name="Facts").click()
+    status(page).get_by_text("1 fact, most recently set first").wait_for()
+    held[0].continue_()
+    page.wait_for_function("() => document.querySelectorAll('#rows tr').length === 1")
+    page.wait_for_timeout(200)
+    assert "1 fact, most recently set first" in status(page).inner_text()
+    page.unroute(memories)
+    page.get_by_role("tab", name="Memories").click()  # asks again, and this answer speaks
+    status(page).get_by_text("1 memory shown").wait_for()
+
+
 def test_facts_show_their_history_and_are_corrected_or_deleted(page: Any, served: Served) -> None:
     seed(served, USER)
     owner = Owner(TENANT, USER)
