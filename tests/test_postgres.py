@@ -1299,9 +1299,9 @@ def test_a_database_from_before_m015_gets_every_rows_words_once_opened(pg_server
 
 
 def test_an_owner_known_to_be_small_is_searched_without_the_words(pg_fresh_url, monkeypatch):
-    """The store keeps each owner's row count from its last keyword search: an owner below WORDS_MIN_ROWS gets the
-    statement with only the scan of its rows (cheaper to plan and run at a few hundred rows), an unknown or larger
-    one the statement that can read the postings, with the same answer."""
+    """The store keeps each owner's row count from its last keyword search (counted before its first one): an owner
+    below WORDS_MIN_ROWS gets the statement with only the scan of its rows (cheaper to plan and run at a few hundred
+    rows), a larger one the statement that can read the postings, with the same answer."""
     used: list[bool] = []
 
     def spy(*args, **kwargs):
@@ -1318,8 +1318,13 @@ def test_an_owner_known_to_be_small_is_searched_without_the_words(pg_fresh_url, 
         def ask() -> list[tuple[str, float]]:
             return [(s.memory.content, s.score) for s in store.keyword_search(A, ["report"], 5, shelf.now(), True)]
 
-        first, second = ask(), ask()
-        assert used == [True, False] and first == second and len(first) == 5 and store._owner_rows[A] == 20
+        first = ask()
+        assert used == [False] and store._owner_rows[A] == 20  # counted first: small, from its first search
+        monkeypatch.setattr(store, "_owner_rows", {})
+        monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 20)
+        second = ask()
+        assert used == [False, True] and first == second and len(first) == 5 and store._owner_rows[A] == 20
+        monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 30)
         assert store.keyword_search(A, ["absent"], 5, shelf.now(), True) == [] and store._owner_rows[A] == 20
         shelf.remember_many(A, [{"topic": "t", "content": f"The heron report {i} is late."} for i in range(20)])
         ask()  # still small by the hint, which now learns the owner's 40 rows

@@ -193,8 +193,10 @@ _OWNER = "m.tenant = %s AND m.user_id = %s"
 
 
 WORDS_MIN_ROWS = 2_000
-"""Owners known to hold fewer memories (from their last keyword search) are searched by a statement without
-memory_words: at a few hundred memories every way is about a millisecond, and the choice itself cost more."""
+"""Owners known to hold fewer memories (from their last keyword search, or counted before their first one in this
+process) are searched by a statement without memory_words: at a few hundred memories every way is about a
+millisecond, and the choice itself cost more (planning the larger statement cost a LongMemEval question, each its
+owner's first, 1.4 ms: BENCHMARKS.md)."""
 OWNER_HINTS = 100_000
 """At most this many owners' row counts are kept as hints (then the hints start over)."""
 WORDS_SHARE = 0.2
@@ -970,7 +972,11 @@ class PostgresStore(SQLRecords):
         # SQLite; either way a row is found only by its own words.
         order = ("confidence DESC, rank DESC, created_at DESC, pk DESC" if by_confidence else
                  "rank DESC, created_at DESC, pk DESC")
-        large = self._owner_rows.get(owner, WORDS_MIN_ROWS) >= WORDS_MIN_ROWS  # unknown: either way may pay
+        known = self._owner_rows.get(owner)
+        if known is None:  # the owner's first search here: its rows, counted, choose the statement
+            known = self._count_owner_rows(owner)
+            self._note_owner_rows(owner, known)
+        large = known >= WORDS_MIN_ROWS
 
         def ranked(bound: float) -> tuple[list[Sequence], bool]:
             statement, params = bm25_query(list(dict.fromkeys(terms)), not by_confidence, order,
@@ -980,9 +986,7 @@ class PostgresStore(SQLRecords):
                 # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to the
                 # words, took 2 to 3 times as long as the plan made for them.
                 rows = cur.execute(statement, params, prepare=False).fetchall()
-            if len(self._owner_rows) >= OWNER_HINTS:
-                self._owner_rows.clear()
-            self._owner_rows[owner] = int(rows[0][MEMORY_WIDTH + 1])
+            self._note_owner_rows(owner, int(rows[0][MEMORY_WIDTH + 1]))
             return [row for row in rows if row[0] is not None], bool(rows[0][MEMORY_WIDTH + 2])
 
         rows, bounded = ranked(max(RANKED, limit))
@@ -991,6 +995,16 @@ class PostgresStore(SQLRecords):
             # an older match may be more confident than the last hit. Every match is ranked instead.
             rows, _ = ranked(math.inf)
         return [Scored(_memory(r), float(r[MEMORY_WIDTH])) for r in rows]
+
+    def _note_owner_rows(self, owner: Owner, rows: int) -> None:
+        if len(self._owner_rows) >= OWNER_HINTS:
+            self._owner_rows.clear()
+        self._owner_rows[owner] = rows
+
+    def _count_owner_rows(self, owner: Owner) -> int:
+        with self._tenant(owner.tenant) as cur:
+            return int(cur.execute(f"SELECT count(*) FROM memories m WHERE {_OWNER}", (owner.tenant, owner.user),
+                                   prepare=False).fetchone()[0])
 
     # ------------------------------------------------------------ vectors
     def vector_search(self, owner: Owner, model: str, query: np.ndarray, limit: int, floor: float,
