@@ -22,7 +22,7 @@ from test_tables import _rows as _raw_rows
 from memshelf import ConfigError, DimensionMismatch, Owner, Shelf
 from memshelf.migrate import MigrationConflict, copy_store, migrate, owner_check
 from memshelf.model import Memory, NewMemory
-from memshelf.stores.base import Evidence
+from memshelf.stores.base import CURRENT, Evidence, View
 from memshelf.stores.postgres import (
     Blob, PostgresStore, bm25_query, exact_query, index_names, index_statements)
 from memshelf.stores._postgres_schema import APP_ROLE, MIGRATIONS, OWNER_TABLES
@@ -1296,6 +1296,44 @@ def test_a_database_from_before_m015_gets_every_rows_words_once_opened(pg_server
             ("memory_pk",)]
         assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'memories_search'").fetchone() == (0,)
     pg_server.drop(url)
+
+
+def test_a_large_owners_keyword_search_runs_one_generic_plan_with_the_same_answers(pg_fresh_url, monkeypatch):
+    """The statement that can read memory_words is prepared and runs its generic plan (planning it was a quarter of
+    its time); inside a caller's transaction it is planned for the question, as before. Both answer the same, in
+    every way the statement can take: common and rare words, a prefix, no match, the hybrid's context, the past."""
+    monkeypatch.setattr(pg_module, "WORDS_MIN_ROWS", 0)
+    monkeypatch.setattr(pg_module, "RANKED", 6)
+    monkeypatch.setattr(pg_module, "NEWEST_RANKED", 3)
+    clock = Clock()
+    store = PostgresStore(pg_fresh_url, pool_size=1)  # one connection: its prepared statements can be read
+    with Shelf(store, embedder=None, clock=clock) as shelf:
+        shelf.remember_many(A, [{"topic": "garden", "content": f"The garden hose {i} leaks near the shed."}
+                                for i in range(12)])
+        clock.advance(3600)
+        old = shelf.remember(A, "tools", "The ladder is behind the gardenias.", "inferred")
+        new = shelf.remember(A, "tools", "The ladder is in the garage.")
+        store.supersede_memory(A, old.id, new.id, clock())
+        before = clock() - timedelta(minutes=30)
+        questions = [["garden"], ["garden", "shed"], ["ladder"], ["gard"], ["zebra"], ["hose", "ladder", "garage"]]
+
+        def answers() -> list[list[tuple[str, float]]]:
+            found = []
+            for terms in questions:
+                for by_confidence, view in ((True, CURRENT), (False, CURRENT), (True, View(before, False)),
+                                            (True, View(None, True))):
+                    found.append([(s.memory.id, round(s.score, 9))
+                                  for s in store.keyword_search(A, terms, 5, clock(), by_confidence, view)])
+            return found
+
+        generic = answers()
+        with store.atomic():  # a caller's transaction: each question planned for itself, nothing prepared
+            planned = answers()
+        assert generic == planned and any(generic) and not all(generic)
+        with store._tenant(A.tenant) as cur:
+            plans = cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                " WHERE statement LIKE '%memory_words%'").fetchall()
+        assert plans and all(g > 0 and c == 0 for g, c in plans), plans
 
 
 def test_an_owner_known_to_be_small_is_searched_without_the_words(pg_fresh_url, monkeypatch):

@@ -641,12 +641,14 @@ class PostgresStore(SQLRecords):
             raise _translate(exc, self._hint) from exc
 
     @contextmanager
-    def _scoped(self, role: str, tenant: str | None) -> Iterator[psycopg.Cursor]:
-        """A cursor in a transaction running as `role`, with row-level security set to `tenant`."""
+    def _scoped(self, role: str, tenant: str | None, generic_plans: bool = False) -> Iterator[psycopg.Cursor]:
+        """A cursor in a transaction running as `role`, with row-level security set to `tenant`; with
+        generic_plans, a prepared statement runs its generic plan (plan_cache_mode) until the transaction ends."""
         with self.atomic():
             cur = self._local.conn.cursor(binary=True)
             try:
-                cur.execute("SELECT set_config('role', %s, true), set_config('memshelf.tenant', %s, true)",
+                cur.execute("SELECT set_config('role', %s, true), set_config('memshelf.tenant', %s, true)"
+                            + (", set_config('plan_cache_mode', 'force_generic_plan', true)" if generic_plans else ""),
                             (role, tenant or ""))
                 yield cur
             except psycopg.Error as exc:
@@ -978,14 +980,19 @@ class PostgresStore(SQLRecords):
             self._note_owner_rows(owner, known)
         large = known >= WORDS_MIN_ROWS
 
+        # The statement that can read memory_words chooses its way inside itself, so one generic plan serves every
+        # question of its shape, and planning it was a quarter or more of its time: it is prepared and runs that
+        # plan (in its own transaction: inside a caller's, the setting would outlive it). The small owner's statement
+        # is planned for each question: its generic plan, blind to the owner and the words, took up to 2.4 times as
+        # long (BENCHMARKS.md).
+        generic = large and getattr(self._local, "conn", None) is None
+
         def ranked(bound: float) -> tuple[list[Sequence], bool]:
             statement, params = bm25_query(list(dict.fromkeys(terms)), not by_confidence, order,
                                            (self._sql(seen), at), owner, now, limit, words=large, bound=bound,
                                            newest=max(NEWEST_RANKED, limit))
-            with self._tenant(owner.tenant) as cur:
-                # psycopg prepares a statement run 5 times, and PostgreSQL's generic plan for this one, blind to the
-                # words, took 2 to 3 times as long as the plan made for them.
-                rows = cur.execute(statement, params, prepare=False).fetchall()
+            with self._scoped(APP_ROLE, owner.tenant, generic_plans=generic) as cur:
+                rows = cur.execute(statement, params, prepare=generic).fetchall()
             self._note_owner_rows(owner, int(rows[0][MEMORY_WIDTH + 1]))
             return [row for row in rows if row[0] is not None], bool(rows[0][MEMORY_WIDTH + 2])
 
