@@ -705,11 +705,16 @@ def test_a_superseded_memory_said_again_holds_again(shelf, clock):
 
 def test_a_repeat_does_not_reopen_what_a_statement_replaced(shelf, clock):
     old = shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined")
-    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.")
+    new = shelf.remember(KALEB, "home", "Kaleb lives in Lisbon.", ttl=60)
     shelf.store.supersede_memory(KALEB, old.id, new.id, shelf.now())
     assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined").superseded_by == new.id
     assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "inferred").superseded_by == new.id
     assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Lisbon."]
+    clock.advance(61)
+    shelf.purge_expired()  # what replaced it expired and is gone (a purge gives no place back): it stays closed
+    assert shelf.get(KALEB, old.id).superseded_by == new.id and contents(shelf.search(KALEB, "Kaleb lives")) == []
+    assert shelf.remember(KALEB, "home", "Kaleb lives in Porto.", "mined").superseded_at is None  # nothing outranks
+    assert contents(shelf.search(KALEB, "Kaleb lives")) == ["Kaleb lives in Porto."]
 
 
 def test_erasing_a_memory_gives_its_place_back_to_the_one_it_replaced(shelf, clock):
