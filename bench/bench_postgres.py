@@ -17,6 +17,7 @@ maintenance_work_mem 3GB (or --url for your own server, whose settings are then 
 
     .venv/bin/python bench/bench_postgres.py --rows 100000
     .venv/bin/python bench/bench_postgres.py                      # 1M rows, ~15 min on 2 cores
+    .venv/bin/python bench/bench_postgres.py --no-sqlite --compare-plans 2   # and the keyword plans, A/B
 """
 
 from __future__ import annotations
@@ -217,6 +218,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows per import call; below the rows per tenant, tenants are loaded in rounds so an "
                              "owner's rows are spread over the table (default: %(default)s)")
     parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    parser.add_argument("--compare-plans", type=int, default=0, metavar="ROUNDS",
+                        help="then, on the store as it chooses, measure again ROUNDS times each with a large owner's "
+                             "keyword statement planned for each question and with its generic plan "
+                             "(memshelf.stores.postgres.GENERIC_PLANS off and on, alternating): a same-run baseline")
     args = parser.parse_args(argv)
 
     folder = tempfile.mkdtemp(prefix="memshelf-bench-")
@@ -233,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         print("postgres ingest", results["postgres_ingest"], flush=True)
         results["postgres"] = measure(pg, data, qs)
         print("postgres (planner default: exact for this owner)", results["postgres"], flush=True)
+        if args.compare_plans:
+            results["postgres_plans"] = compare_plans(pg, data, qs, args.compare_plans)
         forced = PostgresStore(url, exact_max_rows=0, pool_size=2)
         results["postgres_hnsw"] = measure(forced, data, qs)
         print("postgres (HNSW forced)", results["postgres_hnsw"], flush=True)
@@ -254,6 +261,26 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         stack.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def compare_plans(store: PostgresStore, data: Data, qs: list[tuple[list[str], np.ndarray]], rounds: int
+                  ) -> list[dict[str, Any]]:
+    """The measures with GENERIC_PLANS off and on, alternating (off first in even rounds), `rounds` times each."""
+    import memshelf.stores.postgres as pg_module
+
+    shipped, out = pg_module.GENERIC_PLANS, []
+    try:
+        for number in range(rounds):
+            for generic in ((False, True) if number % 2 == 0 else (True, False)):
+                pg_module.GENERIC_PLANS = generic
+                measured = measure(store, data, qs)
+                out.append({"round": number, "generic_plans": generic, **measured})
+                p50 = {name: round(m["p50_ms"], 2) for name, m in measured.items() if isinstance(m, dict)}
+                print(f"postgres, round {number}, keyword statement", "generic" if generic else "planned", p50,
+                      flush=True)
+    finally:
+        pg_module.GENERIC_PLANS = shipped
+    return out
 
 
 def report(results: dict[str, Any]) -> None:

@@ -210,6 +210,9 @@ terms (bm25_query; the same numbers as SQLite's; on the bench's common words at 
 third of the time of ranking every match, BENCHMARKS.md)."""
 NEWEST_RANKED = 100
 """How many of a common term's newest matches a bounded keyword search ranks (or its limit, if more)."""
+GENERIC_PLANS = True
+"""Whether the keyword statement of an owner of WORDS_MIN_ROWS or more is prepared and runs its generic plan (in its
+own transaction; keyword_search). False plans it for each question, as before (for comparisons in one run)."""
 _WORDS = ("SELECT DISTINCT t.i, l.lexeme COLLATE \"C\" AS word, t.prefix"
           " FROM unnest(%s::text[], %s::bool[]) WITH ORDINALITY AS t(term, prefix, i),"
           " unnest(to_tsvector('memshelf_text', t.term)) AS l")
@@ -985,7 +988,7 @@ class PostgresStore(SQLRecords):
         # plan (in its own transaction: inside a caller's, the setting would outlive it). The small owner's statement
         # is planned for each question: its generic plan, blind to the owner and the words, took up to 2.4 times as
         # long (BENCHMARKS.md).
-        generic = large and getattr(self._local, "conn", None) is None
+        generic = GENERIC_PLANS and large and getattr(self._local, "conn", None) is None
 
         def ranked(bound: float) -> tuple[list[Sequence], bool]:
             statement, params = bm25_query(list(dict.fromkeys(terms)), not by_confidence, order,
