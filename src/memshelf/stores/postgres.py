@@ -986,8 +986,8 @@ class PostgresStore(SQLRecords):
         # The statement that can read memory_words chooses its way inside itself, so one generic plan serves every
         # question of its shape, and planning it was a quarter or more of its time: it is prepared and runs that
         # plan (in its own transaction: inside a caller's, the setting would outlive it). The small owner's statement
-        # is planned for each question: its generic plan, blind to the owner and the words, took up to 2.4 times as
-        # long (BENCHMARKS.md).
+        # is planned for each question: its generic plan, blind to the owner and the words, took 2.4 to 5 times as
+        # long on common words (BENCHMARKS.md, "PostgreSQL keyword search: one generic plan").
         generic = GENERIC_PLANS and large and getattr(self._local, "conn", None) is None
 
         def ranked(bound: float) -> tuple[list[Sequence], bool]:
