@@ -795,6 +795,22 @@ def test_erasures_queued_by_a_stopped_store_are_scrubbed_in_the_background_by_th
         store.close()
 
 
+def test_forgetting_a_thread_that_rewrote_a_fact_queues_the_facts_for_the_scrub(pg_fresh_url, monkeypatch):
+    """The cascade puts the caller's earlier value back in the facts row (no row deleted there): the taught value's
+    text is still in that table's files, so the facts table is queued too, beside the history it deleted from."""
+    monkeypatch.setenv("MEMSHELF_PG_SCRUB", "off")
+    with Shelf.open(pg_fresh_url, embedder=None) as shelf:
+        shelf.set_fact(A, "home_city", "Porto")
+        said = shelf.log_message(A, "t1", "user", "I live in Quixotania now.")
+        taught = shelf.set_fact(A, "home_city", "Quixotania")
+        shelf.store.add_evidence(A, [Evidence("fact", "home_city", said.id, "t1", said.created_at,
+                                              taught.updated_at)])
+        erased = shelf.forget_thread(A, "t1", cascade=True)
+        assert (erased.facts, erased.fact_changes, erased.scrub_pending) == (0, 1, True)
+        assert [f.value for f in shelf.facts(A)] == ["Porto"]
+        assert {"facts", "fact_history", "messages"} <= _queued(pg_fresh_url)
+
+
 def test_an_erasure_says_its_scrub_is_pending_until_a_scrub_has_run(pg_fresh_url, monkeypatch):
     """Erased.scrub_pending on PostgreSQL: the erased rows wait in the table and index files for the queued
     scrub, so every face says so (here the library and HTTP's header) until Shelf.scrub() or the background

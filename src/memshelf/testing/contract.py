@@ -977,6 +977,24 @@ def test_a_learned_memory_the_caller_writes_again_is_the_callers(shelf):
                                                                          "The gate code is 4711."]
 
 
+def test_forget_thread_gives_a_fact_back_by_source_or_for_a_caller_without_a_rule_by_time(shelf, clock):
+    """The taught value goes; what the fact holds then is the remaining history replayed with set_fact's rule
+    (outranks, as the Shelf passes it), or, for a caller of the store that passes none, the latest value left."""
+    for owner in (KALEB, MAYA):
+        shelf.set_fact(owner, "home_city", "Porto")
+        clock.advance(10)
+        shelf.set_fact(owner, "home_city", "Braga", "inferred")  # weaker: history only
+        clock.advance(10)
+        said = shelf.log_message(owner, "t1", "user", "I moved to Lisbon.")
+        taught = shelf.set_fact(owner, "home_city", "Lisbon")
+        shelf.store.add_evidence(owner, [Evidence("fact", "home_city", said.id, "t1", said.created_at,
+                                                  taught.updated_at)])
+    assert shelf.forget_thread(KALEB, "t1", cascade=True).fact_changes == 1
+    assert [(f.value, f.source) for f in shelf.facts(KALEB)] == [("Porto", "stated")]
+    assert shelf.store.forget_thread(MAYA, "t1", True).fact_changes == 1
+    assert [(f.value, f.source) for f in shelf.facts(MAYA)] == [("Braga", "inferred")]
+
+
 def test_forget_thread_without_cascade_keeps_what_was_learned(shelf):
     memory = shelf.remember(KALEB, "pets", "Kaleb has a cat.")
     here = shelf.log_message(KALEB, "t1", "user", "I have a cat.")
