@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+import socket
 from pathlib import Path
 
 import psycopg
@@ -65,6 +66,19 @@ def test_a_file_that_is_not_a_memshelf_store_is_refused(tmp_path: Path) -> None:
     proc = run(tmp_path, "migrate", str(tmp_path / "notes.txt"), str(tmp_path / "other.db"))
     assert proc.returncode == 1 and "cannot read the source" in proc.stderr
     assert (tmp_path / "notes.txt").read_text() == "not a database" and not (tmp_path / "other.db").exists()
+
+
+def test_a_postgres_source_out_of_reach_is_refused_in_one_line(tmp_path: Path) -> None:
+    """libpq's message runs over two lines (what failed, then "Is the server running ...?"): the error keeps the
+    first and gives memshelf's advice, on one line, and nothing is created."""
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = run(tmp_path, "migrate", f"postgresql://nobody:secret@127.0.0.1:{port}/none", str(tmp_path / "other.db"))
+    [error] = [line for line in proc.stderr.splitlines() if line.strip()][-1:]
+    assert proc.returncode == 1 and error.startswith("error: cannot read the source"), proc.stderr
+    assert "Connection refused" in error and error.endswith("that the server is running")
+    assert "secret" not in proc.stderr and not (tmp_path / "other.db").exists()
 
 
 def test_a_postgres_source_without_memshelf_tables_is_refused_and_left_alone(pg_server, tmp_path: Path) -> None:

@@ -60,8 +60,9 @@ def _check_postgres_source(target: str) -> None:
             rows = conn.execute("SELECT c.relname FROM pg_class c WHERE c.relkind IN ('r', 'p')"
                                 " AND c.relname = ANY(%s) AND pg_table_is_visible(c.oid)",
                                 (sorted(REQUIRED_TABLES),)).fetchall()
-    except psycopg.Error as exc:
-        raise InvalidInput(f"cannot read the source {_redact(target)} ({str(exc).strip()}): nothing was copied. "
+    except psycopg.Error as exc:  # libpq's first line says what failed; the rest is its advice, said below
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidInput(f"cannot read the source {_redact(target)} ({said}): nothing was copied. "
                            "Check the URL, that the database exists and that the server is running") from exc
     _require_tables(_redact(target), {r[0] for r in rows})
 
