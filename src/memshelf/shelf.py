@@ -323,9 +323,8 @@ class Shelf:
         forget_thread cascade takes what the caller said (as one the caller wrote first stays the caller's when
         learning sees it again)."""
         again = list(dict.fromkeys(m.id for m in stored if m.observations > 1))
-        learned = [memory_id for memory_id in again if self.store.evidence(owner, "memory", memory_id)]
-        if learned:
-            self.store.drop_evidence(owner, "memory", learned)
+        if again:  # one statement per 500 repeats, whether or not they were learned
+            self.store.drop_evidence(owner, "memory", again)
 
     def _new_memory(self, item: Mapping[str, Any], now: datetime) -> NewMemory:
         if not isinstance(item, Mapping):

@@ -418,11 +418,13 @@ class SQLRecords(Store):
             return self._drop_evidence(db, owner, kind, records)
 
     def _drop_evidence(self, db: Statements, owner: Owner, kind: str, records: Sequence[str]) -> int:
-        """Delete the evidence of records that are gone; returns how many rows."""
+        """Delete the evidence of these records; returns how many rows."""
         gone = 0
-        for record in records:
-            gone += db.execute(self._sql(f"DELETE FROM learned_from WHERE {_USER} AND kind = ? AND record = ?"),
-                               (owner.tenant, owner.user, kind, record)).rowcount
+        for start in range(0, len(records), _IDS_PER_STATEMENT):
+            chunk = list(records[start:start + _IDS_PER_STATEMENT])
+            gone += db.execute(self._sql(f"DELETE FROM learned_from WHERE {_USER} AND kind = ? AND record IN"
+                                         f" ({', '.join('?' * len(chunk))})"),
+                               (owner.tenant, owner.user, kind, *chunk)).rowcount
         return gone
 
     def _hand_back_places(self, db: Statements, owner: Owner, ids: Sequence[str]) -> int:
