@@ -29,7 +29,7 @@ from abc import abstractmethod
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, ClassVar, Protocol
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..model import Fact, FactChange, Memory, Message, Owner, UserSummary
 from .base import (CONTEXT_TURNS, EVERY, SAID_AGAIN, ApiKey, Erased, Evidence, Listing, Mark, Position, Store,
@@ -139,6 +139,13 @@ _FACT_HISTORY_INSERT = ("INSERT INTO fact_history (tenant, user_id, key, value, 
                         " VALUES (?, ?, ?, ?, ?, ?)")
 _IDS_PER_STATEMENT = 500
 """Ids asked for in one IN (...) list (SQLite before 3.32 allows 999 parameters in a statement)."""
+
+
+def _id_lists(ids: Sequence[str]) -> Iterator[tuple[list[str], str]]:
+    """The ids in lists of at most _IDS_PER_STATEMENT, each with its placeholders for IN (...)."""
+    for start in range(0, len(ids), _IDS_PER_STATEMENT):
+        chunk = list(ids[start:start + _IDS_PER_STATEMENT])
+        yield chunk, ", ".join("?" * len(chunk))
 _MESSAGE_INSERT = ("INSERT INTO messages (id, tenant, user_id, thread, role, content, created_at, expires_at)"
                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -420,11 +427,9 @@ class SQLRecords(Store):
     def _drop_evidence(self, db: Statements, owner: Owner, kind: str, records: Sequence[str]) -> int:
         """Delete the evidence of these records; returns how many rows."""
         gone = 0
-        for start in range(0, len(records), _IDS_PER_STATEMENT):
-            chunk = list(records[start:start + _IDS_PER_STATEMENT])
+        for chunk, marks in _id_lists(records):
             gone += db.execute(self._sql(f"DELETE FROM learned_from WHERE {_USER} AND kind = ? AND record IN"
-                                         f" ({', '.join('?' * len(chunk))})"),
-                               (owner.tenant, owner.user, kind, *chunk)).rowcount
+                                         f" ({marks})"), (owner.tenant, owner.user, kind, *chunk)).rowcount
         return gone
 
     def _hand_back_places(self, db: Statements, owner: Owner, ids: Sequence[str]) -> int:
@@ -435,9 +440,7 @@ class SQLRecords(Store):
         fact's earlier value comes back. Returns how many memories were changed."""
         gone: dict[str, tuple[Any, Any]] = {}
         replaced: list[tuple[str, str | None]] = []
-        for start in range(0, len(ids), _IDS_PER_STATEMENT):
-            chunk = list(ids[start:start + _IDS_PER_STATEMENT])
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in _id_lists(ids):
             gone.update((row[0], (row[1], row[2])) for row in db.execute(self._sql(
                 f"SELECT id, superseded_by, superseded_at FROM memories WHERE {_USER} AND id IN ({marks})"),
                 (owner.tenant, owner.user, *chunk)).fetchall())
