@@ -4,6 +4,8 @@ behind. What users find on both backends is in the contract suite (memshelf.test
 
 from __future__ import annotations
 
+import unicodedata
+
 import psycopg
 import pytest
 from test_tables import _rows
@@ -69,6 +71,36 @@ def _pairs_in_index(backend: str, target: str) -> int:
                  " OR context_search @@ '東京'::tsquery")[0][0]
 
 
+FOLDED_BLOCKS = [(0xC0, 0x24F), (0x1E00, 0x1EFF), (0x370, 0x3FF), (0x1F00, 0x1FFF), (0x400, 0x4FF), (0xFB00, 0xFB06),
+                 (0xFF10, 0xFF5A)]
+"""What sqlite_fts.fold covers: Latin letters, Greek, Cyrillic, Latin ligatures, full-width digits and letters."""
+UNFOLDED = {"Ɵ", "Ƞ", "ɋ", "ẛ", "\u0374", "ͺ", "Ϳ", "ς", "ϓ", "ϔ", "ϲ"}
+"""Where SQLite still indexes a letter otherwise than PostgreSQL: unaccent's own quirks (it folds "ƞ" but not "Ƞ",
+keeps "ẛ" and final sigma, which FTS5's tokenizer folds itself), and symbols no one types as a word."""
+
+
+def test_sqlite_indexes_letters_as_postgresql_does(pg_url):
+    """Each letter of FOLDED_BLOCKS, before a "q", is the same word in SQLite's index (fold, then FTS5's tokenizer
+    without the stemmer) as in PostgreSQL's (unaccent, lower case): so a question finds the same memories."""
+    letters = [chr(point) for first, last in FOLDED_BLOCKS for point in range(first, last + 1)
+               if unicodedata.category(chr(point))[0] in "LN"]
+    with psycopg.connect(pg_url) as conn:
+        postgres = [conn.execute("SELECT array_to_string(tsvector_to_array(to_tsvector('memshelf_text', %s)), ' ')",
+                                 (letter + "q",)).fetchone()[0] for letter in letters]
+    index = sqlite3.connect(":memory:")
+    tokenizer = sqlite_fts.TOKENIZER.replace("porter ", "").replace("'", "''")
+    index.execute(f"CREATE VIRTUAL TABLE words USING fts5(text, tokenize='{tokenizer}')")
+    index.execute("CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, words, 'instance')")
+    index.executemany("INSERT INTO words (rowid, text) VALUES (?, ?)",
+                      [(row, sqlite_fts.fts_text(letter + "q")) for row, letter in enumerate(letters)])
+    sqlite_words = dict.fromkeys(range(len(letters)), "")
+    for row, term in index.execute("SELECT doc, term FROM temp.vocab ORDER BY doc, term"):
+        sqlite_words[row] = f"{sqlite_words[row]} {term}".strip()
+    differ = {letter for row, letter in enumerate(letters) if sqlite_words[row] != postgres[row]}
+    assert len(letters) > 1_200 and "ß" in letters and "ά" in letters
+    assert differ == UNFOLDED
+
+
 def test_erasing_a_cjk_memory_leaves_its_pairs_nowhere(backend, target):
     with Shelf.open(target, embedder=None) as shelf:
         tokyo = shelf.remember(KALEB, "office", TOKYO)
@@ -130,6 +162,28 @@ def test_sqlite_file_from_before_m017_keeps_marks_in_words_once_opened(tmp_path,
         shelf.remember(KALEB, "travel", "Kaleb lives in Zürich.")  # the tables take new rows
         assert [h.memory.content for h in shelf.search(KALEB, "zurich")] == ["Kaleb lives in Zürich."]
     assert _pairs_in_index("sqlite", db) == 3
+
+
+def test_sqlite_file_from_before_m020_folds_letters_once_opened(tmp_path, monkeypatch):
+    """Tables filled before letters were folded are filled again, and find what a question folds."""
+    db = str(tmp_path / "memory.db")
+    straße, lodz = "The Straße is closed.", "Łukasz flies from Łódź."
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", [m for m in SQLITE_MIGRATIONS if m[0] != "m020_folded_letters"])
+    monkeypatch.setattr(sqlite_fts, "fold", lambda text: text)  # what the previous version indexed and asked
+    monkeypatch.setattr(sqlite_module, "fold", lambda text: text)
+    with Shelf.open(db, embedder=None) as shelf:
+        for content in (straße, lodz, TOKYO):
+            shelf.remember(KALEB, "travel", content)
+        assert list(shelf.search(KALEB, "strasse")) == [] and list(shelf.search(KALEB, "lodz")) == []
+    monkeypatch.undo()
+    with Shelf.open(db, embedder=None) as shelf:
+        assert "m020_folded_letters" in shelf.store.applied_migrations()  # type: ignore[attr-defined]
+        assert [h.memory.content for h in shelf.search(KALEB, "strasse")] == [straße]
+        assert [h.memory.content for h in shelf.search(KALEB, "Straße")] == [straße]
+        assert [h.memory.content for h in shelf.search(KALEB, "lodz lukasz")] == [lodz]
+        assert [h.memory.content for h in shelf.search(KALEB, "事務所")] == [TOKYO]  # the rest as before
+        shelf.forget(KALEB, shelf.search(KALEB, "lodz")[0].memory.id)  # its folded words leave the index
+        assert list(shelf.search(KALEB, "lodz")) == [] and "lodz" not in _tokens(db) and "łodz" not in _tokens(db)
 
 
 BEFORE_M014 = ("m014_word_marks", "m015_memory_words", "m016_admin_policy_for_admin_only")

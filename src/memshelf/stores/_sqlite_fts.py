@@ -20,6 +20,7 @@ tenant still share statistics (the tenant is the unit of isolation for ranking; 
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 
@@ -47,10 +48,54 @@ def register_functions(conn: sqlite3.Connection) -> None:
 
 def fts_text(text: str | None) -> str | None:
     """A text as the tables hold it: composed (NFC), as keywords.words() reads a question (text typed in another
-    order of its marks, or decomposed, is found by the same word), then keywords.index_text's CJK pairs."""
+    order of its marks, or decomposed, is found by the same word), its letters folded as PostgreSQL folds them
+    (fold), then keywords.index_text's CJK pairs."""
     if text is None or text.isascii():
         return text if text is None else index_text(text)
-    return index_text(unicodedata.normalize("NFC", text))
+    return index_text(fold(unicodedata.normalize("NFC", text)))
+
+
+def fold(text: str) -> str:
+    """Letters as PostgreSQL's `unaccent` writes them, where FTS5's tokenizer would keep them apart: full-width
+    Latin letters and digits ("ｉＰｈｏｎｅ"), ligatures ("ﬁle"), Greek accents and breathings ("καφέ"), and the
+    Latin letters that carry a stroke, a hook or a bar, or stand for two ("Łódź", "København", "Straße"). So a
+    question typed without them finds the memory on both backends (README, "Search text"); the tokenizer still
+    folds case and the other Latin accents itself. Applied to the indexed text and to the question's terms."""
+    return text if text.isascii() else text.translate(_FOLDS)
+
+
+def _folds() -> dict[int, str]:
+    """fold's table, made from the Unicode character database (tests/test_search_text.py compares it with
+    PostgreSQL's unaccent, character by character)."""
+    table: dict[int, str] = {point: chr(point - 0xFEE0) for point in range(0xFF01, 0xFF5F)}  # full-width ASCII
+    table |= {ord("ё"): "е", ord("Ё"): "Е"}  # the one Cyrillic letter unaccent folds
+    latin = [*range(0xC0, 0x250), *range(0x1E00, 0x1F00), *range(0xFB00, 0xFB07)]
+    greek = [*range(0x370, 0x400), *range(0x1F00, 0x2000)]
+    for point in (*latin, *greek):
+        char = chr(point)
+        if not unicodedata.category(char).startswith("L"):
+            continue
+        bare = "".join(c for c in unicodedata.normalize("NFKD", char) if not unicodedata.combining(c))
+        if bare and (point in greek or bare.isascii() and bare.isalpha()):
+            if bare != char:
+                table[point] = bare
+            continue
+        if unicodedata.decomposition(char)[:1] not in ("", "<"):  # another letter with a mark ("ǣ" is "æ" with
+            continue                                                  # a macron): unaccent leaves it
+        named = _LATIN_NAME.fullmatch(unicodedata.name(char, ""))
+        base = named and named.group(1)
+        if base and (len(base) == 1 or base in _NAMED_LETTERS):
+            table[point] = _NAMED_LETTERS.get(base, base).lower()
+    return table
+
+
+_LATIN_NAME = re.compile(r"LATIN (?:SMALL|CAPITAL) (?:LETTER|LIGATURE) (.+?)(?: WITH .*)?")
+_NAMED_LETTERS = {"AE": "ae", "OE": "oe", "IJ": "ij", "HV": "hv", "OI": "oi", "ETH": "d", "THORN": "th",
+                  "SHARP S": "ss", "LONG S": "s", "KRA": "q", "ENG": "n", "DOTLESS I": "i", "DOTLESS J": "j",
+                  "OPEN E": "e", "IOTA": "i", "AFRICAN D": "d", "U BAR": "u", "DB DIGRAPH": "db",
+                  "QP DIGRAPH": "qp", "MIDDLE-WELSH LL": "ll", "MIDDLE-WELSH V": "v", "N PRECEDED BY APOSTROPHE": "n"}
+"""Latin letters whose name is not "<letter> WITH <a mark>", folded as unaccent folds them."""
+_FOLDS = _folds()
 
 
 def _indexed(*texts: str) -> tuple[str, ...]:

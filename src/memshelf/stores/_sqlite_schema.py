@@ -27,6 +27,10 @@ WORD_MARKS = "m017_word_marks"
 """The migration after whose SQL every tenant's full-text tables are made again with marks kept in words
 (stores/_sqlite_fts.py, TOKENIZER)."""
 
+FOLDED_LETTERS = "m020_folded_letters"
+"""The migration after whose SQL every tenant's full-text tables are filled again with letters folded
+(stores/_sqlite_fts.py, fold)."""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", """
 CREATE TABLE memories (
@@ -372,5 +376,11 @@ ALTER TABLE learned_from ADD COLUMN set_at TEXT;
 -- The owner's superseded memories: erasing a memory finds those it had closed through this (they take its place,
 -- stores/sql_records.py _hand_back_places) without reading every row of the owner. PostgreSQL has had it since m008.
 CREATE INDEX memories_superseded ON memories (tenant, user_id) WHERE superseded_at IS NOT NULL;
+"""),
+    (FOLDED_LETTERS, """
+-- Letters are indexed folded as PostgreSQL's unaccent folds them (full-width forms, ligatures, Greek accents, "ø",
+-- "ł", "ß": stores/_sqlite_fts.py, fold), and questions are folded alike: every tenant's full-text tables are
+-- rebuilt from its rows after this script (stores/sqlite.py). Text without such letters is indexed as before.
+SELECT 1;
 """),
 ]

@@ -26,9 +26,9 @@ from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, 
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_CONFIDENCE, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns,
                           later_turns, memory_from_row, short_of_the_answer, view_condition)
-from ._sqlite_fts import READS_SECURE, TenantIndexes, register_functions
+from ._sqlite_fts import READS_SECURE, TenantIndexes, fold, register_functions
 from ._sqlite_lib import sqlite3 as sqlite3  # public: code reading a store's file in its process must use it
-from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, MIGRATIONS, WHITESPACE_DIGESTS, WORD_MARKS
+from ._sqlite_schema import CHANGES_KEPT, CJK_INDEX, FOLDED_LETTERS, MIGRATIONS, WHITESPACE_DIGESTS, WORD_MARKS
 from . import _sqlite_vector_files
 
 log = logging.getLogger("memshelf")
@@ -118,8 +118,8 @@ def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool,
     """
     exact = set(terms) | set(also) if whole is True else set(whole or ())
 
-    def any_of(these: Sequence[str]) -> str:
-        return " OR ".join('"' + term.replace('"', '""') + '"' + "*" * (is_prefix(term) and term not in exact)
+    def any_of(these: Sequence[str]) -> str:  # each term's letters folded as the index's are (fold)
+        return " OR ".join('"' + fold(term).replace('"', '""') + '"' + "*" * (is_prefix(term) and term not in exact)
                            for term in these)
 
     any_term = f"({any_of(terms)}) AND ({any_of(also)})" if also else any_of(terms)
@@ -519,8 +519,8 @@ class SQLiteStore(SQLRecords):
         if name == "m004_fts_per_tenant":  # the rows indexed by the old shared tables get their tenant's
             for (tenant,) in self._q("SELECT DISTINCT tenant FROM memories").fetchall():
                 self._fts.index_existing(tenant)
-        elif name in ("m005_fts_reindex", CJK_INDEX):  # m005: undo the double entries and the piled-up levels of
-            # older versions; CJK_INDEX: index CJK text as character pairs
+        elif name in ("m005_fts_reindex", CJK_INDEX, FOLDED_LETTERS):  # m005: undo the double entries and the
+            # piled-up levels of older versions; CJK_INDEX: index CJK text as character pairs; FOLDED_LETTERS: fold
             for (tenant,) in self._q("SELECT tenant FROM fts_tenants").fetchall():
                 self._fts.rebuild(tenant)
         elif name == WHITESPACE_DIGESTS:

@@ -216,6 +216,23 @@ def test_words_written_with_combining_marks_are_found(shelf, stored, asked):
     assert contents(shelf.search(KALEB, asked, mode="keyword")) == [stored]
 
 
+@pytest.mark.parametrize("stored, asked", [
+    ("The ﬁnal ﬁle is on the shared drive.", "final file"),  # ligatures, as text copied from a PDF has them
+    ("My ｉＰｈｏｎｅ is in the ＴＯＫＹＯ office.", "iphone tokyo"),  # full-width Latin letters
+    ("Ο καφές είναι στο γραφείο.", "καφες γραφειο"),  # Greek accents do not have to be typed
+    ("Ἀθῆναι in May.", "Αθήναι"),  # nor breathings
+    ("The Straße is closed.", "strasse"),
+    ("Łukasz flies from Łódź to København.", "lukasz lodz kobenhavn"),  # letters with a stroke
+    ("Ærøskøbing ferry at nine.", "aeroskobing"),
+    ("Встреча в субботу, ёлка в зале.", "елка"),
+])
+def test_letters_are_found_folded_as_people_type_them(shelf, stored, asked):
+    shelf.remember(KALEB, "travel", stored)
+    shelf.remember(KALEB, "travel", "Something else entirely.")
+    assert contents(shelf.search(KALEB, asked, mode="keyword")) == [stored]
+    assert contents(shelf.search(KALEB, stored, mode="keyword"))[:1] == [stored]  # and as they were written
+
+
 TOKYO = "東京の事務所は3階です"
 SEOUL = "서울 사무실은 2층입니다"
 BEIJING = "我们的AI项目在北京"
