@@ -225,6 +225,7 @@ def test_words_written_with_combining_marks_are_found(shelf, stored, asked):
     ("Łukasz flies from Łódź to København.", "lukasz lodz kobenhavn"),  # letters with a stroke
     ("Ærøskøbing ferry at nine.", "aeroskobing"),
     ("Встреча в субботу, ёлка в зале.", "елка"),
+    ("Kaleb keeps the final file on his iPhone.", "ﬁnal ｉＰｈｏｎｅ"),  # and the other way round
 ])
 def test_letters_are_found_folded_as_people_type_them(shelf, stored, asked):
     shelf.remember(KALEB, "travel", stored)
