@@ -65,6 +65,9 @@ def assistant_loop(memory: Any, owner: Owner) -> list[Any]:
     seen.append((confirmed.source, confirmed.confidence, confirmed.confirmed_from))
     seen.append(memory.set_expiry(owner, guess.id, ttl=3600).expires_at is not None)
     memory.log_message(owner, "t1", "user", "I live in Porto.")
+    logged = memory.log_messages(owner, "t2", [{"role": "user", "content": "My sister lives in Faro."},
+                                               {"role": "assistant", "content": "Noted."}])
+    seen.append([(m.thread, m.role, m.content) for m in logged])
     plan = memory.learn(owner, thread="t1")
     seen.append([(p.op, p.source, p.key, p.value) for p in plan.proposals])
     seen.append([(e.kind, e.record, e.thread) for e in memory.evidence(owner)])
@@ -204,6 +207,25 @@ class Busy:
             return JSONResponse({"mode": "keyword", "degraded": False, "reason": None, "unembedded": 0, "hits": []})
 
         return Starlette(routes=[Route("/v1/key", key), Route("/v1/users/{user}/search", search, methods=["POST"])])
+
+
+def test_batches_over_a_request_go_in_several_and_a_refused_one_keeps_nothing(served: Served) -> None:
+    """remember_many and log_messages send requests under the server's 1 MiB body limit (more text than that in
+    one call was refused with 413); each request is all or nothing."""
+    owner = Owner(TENANT, "kaleb")
+    long = "word " * 3_000  # 15,000 characters: 80 of them are 1.2 MB of JSON
+    with Client(served.url, served.secret) as client:
+        stored = client.remember_many(owner, [{"topic": "notes", "content": f"{i} {long}"} for i in range(80)])
+        turns = [{"role": "user" if i % 2 else "assistant", "content": f"{i} {long}"} for i in range(80)]
+        logged = client.log_messages(owner, "long", turns)
+        with pytest.raises(InvalidInput, match="turn 2"):
+            client.log_messages(owner, "long", [{"role": "user", "content": "kept?"},
+                                                {"role": "user", "content": " "}])
+        with pytest.raises(InvalidInput, match="mapping"):
+            client.log_messages(owner, "long", ["Hello."])
+    assert len(stored) == 80 and len(served.shelf.list_memories(owner, limit=100)[0]) == 80
+    assert [m.content for m in logged] == [t["content"] for t in turns]
+    assert [m.content for m in served.shelf.messages(owner, "long", limit=100)] == [t["content"] for t in turns]
 
 
 def test_a_busy_server_is_retried_then_reported() -> None:

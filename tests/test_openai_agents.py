@@ -17,7 +17,7 @@ from agents.models.interface import Model  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
 
-from memshelf import Client, Owner, Shelf  # noqa: E402
+from memshelf import Client, InvalidInput, Owner, Shelf  # noqa: E402
 from memshelf.integrations.openai_agents import ITEM_PREFIX, ShelfSession, item_of, turn_of  # noqa: E402
 from memshelf.server import create_app  # noqa: E402
 from test_server import LiveServer  # noqa: E402
@@ -120,6 +120,20 @@ def test_long_and_odd_items_come_back_whole(memory: Any) -> None:
     with pytest.raises(TypeError):
         asyncio.run(session.add_items([{"role": "user", "content": "kept?"}, {"output": object()}]))
     assert asyncio.run(session.get_items()) == items[:1]  # checked before anything was written
+
+
+def test_an_add_is_kept_whole_or_not_at_all(memory: Any) -> None:
+    """Items are logged in one transaction (a Shelf) or in requests that are each all or nothing (a Client, which
+    sends more than a request's 1 MiB in several): before, each message was written alone, so a refusal or a lost
+    connection half-way kept the items before it, and an item's head could stay without its later parts."""
+    session = ShelfSession(memory, OWNER, thread="big")
+    items = [{"role": "user", "content": f"Part {i}: " + "lorem ipsum " * 20_000} for i in range(6)]  # 1.4 MB
+    asyncio.run(session.add_items(items))
+    assert asyncio.run(session.get_items()) == items
+    refused = ShelfSession(memory, OWNER, thread="big", ttl=-1)  # a ttl that is no time at all
+    with pytest.raises(InvalidInput):
+        asyncio.run(refused.add_items([{"role": "user", "content": "kept?"}, {"role": "user", "content": "too?"}]))
+    assert asyncio.run(session.get_items()) == items  # nothing of the refused add
 
 
 def test_clear_session_erases_the_thread_only(memory: Any) -> None:

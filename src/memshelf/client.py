@@ -37,7 +37,10 @@ from .stores.base import ApiKey, Erased, Evidence
 __all__ = ["MAX_BATCH", "AsyncClient", "Client"]
 
 MAX_BATCH = 1_000
-"""The most memories one request of remember_many carries (the server's batch limit)."""
+"""The most memories (or messages) one request of remember_many (or log_messages) carries (the server's batch
+limit)."""
+REQUEST_BYTES = 1 << 20
+"""The largest request body the server takes (1 MiB): a batch is sent in requests under it."""
 PAGE = 1_000
 """How many records an iterator asks for at a time."""
 SCRUB_PENDING_HEADER = "X-Memshelf-Scrub-Pending"
@@ -81,6 +84,30 @@ def decode(kind: Any, value: Any) -> Any:
 
 def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat()
+
+
+
+def _mapping(kind: str, item: object) -> Mapping[str, Any]:
+    if not isinstance(item, Mapping):
+        raise InvalidInput(f"each {kind} must be a mapping, got {type(item).__name__}: nothing of it was sent")
+    return item
+
+
+def _batches(items: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """items in consecutive batches of at most MAX_BATCH whose JSON stays under REQUEST_BYTES (an item alone over it
+    goes alone, for the server to refuse with its advice). The size is counted as ASCII-escaped JSON, which is never
+    shorter than what is sent."""
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for item in items:
+        length = len(json.dumps(item)) + 2
+        if batch and (len(batch) == MAX_BATCH or size + length > REQUEST_BYTES - 4_096):  # room for the rest
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += length
+    if batch:
+        yield batch
 
 
 def _seconds(ttl: float | timedelta | None) -> float | None:
@@ -173,22 +200,20 @@ class Client:
                                           json_body={k: v for k, v in body.items() if v is not None}))
 
     def remember_many(self, owner: Owner, items: Iterable[Mapping[str, Any]]) -> list[Memory]:
-        """Each batch of MAX_BATCH is stored whole or not at all; a later batch's failure keeps the earlier ones."""
-        path, stored, batch = self._user(owner, "/memories/batch"), [], []
-        for item in items:
-            fields = {k: v for k, v in item.items() if v is not None}
+        """Sent in requests of at most MAX_BATCH memories and REQUEST_BYTES, each stored whole or not at all; a
+        later request's failure keeps the earlier ones."""
+        def fields_of(item: Mapping[str, Any]) -> dict[str, Any]:
+            fields = {k: v for k, v in _mapping("memory", item).items() if v is not None}
             if "ttl" in fields:
                 fields["ttl"] = _seconds(fields["ttl"])
             if isinstance(fields.get("expires_at"), datetime):
                 fields["expires_at"] = _iso(fields["expires_at"])
-            batch.append(fields)
-            if len(batch) == MAX_BATCH:
-                stored += self._batch(path, batch)
-                batch = []
-        return stored + (self._batch(path, batch) if batch else [])
+            return fields
 
-    def _batch(self, path: str, batch: list[dict[str, Any]]) -> list[Memory]:
-        return decode(list[Memory], self._json("POST", path, json_body={"memories": batch}))
+        path, stored = self._user(owner, "/memories/batch"), []
+        for batch in _batches(fields_of(item) for item in items):
+            stored += decode(list[Memory], self._json("POST", path, json_body={"memories": batch}))
+        return stored
 
     def get(self, owner: Owner, memory_id: str) -> Memory:
         return decode(Memory, self._json("GET", self._user(owner, f"/memories/{quote(memory_id, safe='')}")))
@@ -279,6 +304,17 @@ class Client:
                     ttl: float | timedelta | None = None) -> Message:
         body = {"thread": thread, "role": role, "content": content} | ({} if ttl is None else {"ttl": _seconds(ttl)})
         return decode(Message, self._json("POST", self._user(owner, "/messages"), json_body=body))
+
+    def log_messages(self, owner: Owner, thread: str, turns: Iterable[Mapping[str, Any]], *,
+                     ttl: float | timedelta | None = None) -> list[Message]:
+        """Sent as remember_many sends: requests of at most MAX_BATCH turns and REQUEST_BYTES, each kept whole or not
+        at all, in order."""
+        path, logged = self._user(owner, "/messages/batch"), []
+        kept = {} if ttl is None else {"ttl": _seconds(ttl)}
+        for batch in _batches(dict(_mapping("turn", turn)) for turn in turns):
+            logged += decode(list[Message], self._json("POST", path, json_body={"thread": thread, "messages": batch,
+                                                                               **kept}))
+        return logged
 
     def list_messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50,
                       cursor: str | None = None) -> tuple[list[Message], str | None]:

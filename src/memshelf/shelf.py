@@ -80,6 +80,18 @@ def _check_records(kind: str, records: object) -> Iterable[Any]:
     return records
 
 
+def _turn_of(number: int, turn: object) -> tuple[str, str]:
+    """A turn of log_messages as (role, content), checked as log_message checks its arguments."""
+    if not isinstance(turn, Mapping) or set(turn) != {"role", "content"}:
+        got = sorted(turn) if isinstance(turn, Mapping) else type(turn).__name__
+        raise InvalidInput(f"turn {number} must be a mapping with role and content, got {got}: pass e.g. "
+                           "{'role': 'user', 'content': 'I moved to Lisbon.'}; nothing was logged")
+    try:
+        return check_role(turn["role"]), check_text("content", turn["content"])
+    except InvalidInput as exc:
+        raise exc.within(f"turn {number}: ", "; nothing was logged") from exc
+
+
 def _open_target(target: object) -> str:
     """Where Shelf.open should look: an explicit target, else MEMSHELF_DATABASE_URL, MEMSHELF_DB, ./memshelf.db."""
     if target is None:
@@ -659,6 +671,20 @@ class Shelf:
         ttl = self.message_ttl if ttl is _DEFAULT else ttl
         expires = resolve_expiry(None, ttl, now) if ttl is not None else None
         return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))
+
+    def log_messages(self, owner: Owner, thread: str, turns: Iterable[Mapping[str, Any]], *,
+                     ttl: float | timedelta | None | object = _DEFAULT) -> list[Message]:
+        """Append several turns to a thread in one transaction, in order: all are kept, or none (a bad turn is
+        refused before anything is written). Each turn is {"role": ..., "content": ...}; ttl as for log_message."""
+        owner = _check_owner(owner)
+        thread = check_text("thread", thread, MAX_TOPIC_CHARS)
+        checked = [_turn_of(number, turn) for number, turn in enumerate(_check_records("turns", turns), 1)]
+        now = self.now()
+        ttl = self.message_ttl if ttl is _DEFAULT else ttl
+        expires = resolve_expiry(None, ttl, now) if ttl is not None else None
+        with self.store.atomic():
+            return [self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))
+                    for role, content in checked]
 
     def messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50) -> list[Message]:
         """The newest `limit` messages of a thread (or of all threads), oldest first."""

@@ -89,12 +89,12 @@ class ShelfSession:
         return found
 
     def _add(self, items: list[Any]) -> None:
+        """The items are kept all or none: in one transaction on a Shelf; through a Client in one request, or in
+        several when they are more than a request takes (Client.log_messages)."""
         ttl = {} if self.ttl is None else {"ttl": self.ttl}
-        turns = [(role, piece) for item in items for role, content in (turn_of(item),) for piece in _split(content)]
-        store = getattr(self.shelf, "store", None)
-        with store.atomic() if store is not None else contextlib.nullcontext():  # a Shelf: all or nothing
-            for role, piece in turns:
-                self.shelf.log_message(self.owner, self.thread, role, piece, **ttl)
+        self.shelf.log_messages(self.owner, self.thread, [
+            {"role": role, "content": piece}
+            for item in items for role, content in (turn_of(item),) for piece in _split(content)], **ttl)
 
     def _pop(self) -> Any | None:
         newest = self._newest(1)

@@ -179,9 +179,11 @@ class Turns:
         task.add_done_callback(self.upstream.tasks.discard)
 
     def _log(self) -> None:
-        for role, text in (("user", self.said), ("assistant", self.answer or "")):
-            for piece in _pieces(text):
-                self.shelf.log_message(self.owner, self.thread, role, piece)
+        """Both turns in one transaction: a question is never kept without the answer it got."""
+        turns = [{"role": role, "content": piece}
+                 for role, text in (("user", self.said), ("assistant", self.answer or "")) for piece in _pieces(text)]
+        if turns:
+            self.shelf.log_messages(self.owner, self.thread, turns)
 
     async def _learn(self, retries: int, wait: float | None = None) -> None:
         """Learn from the thread (what was not learned yet); on failure, try again later. One learn at a time per

@@ -19,12 +19,12 @@ from ..model import (MAX_CONTENT_CHARS, MAX_FACT_VALUE_CHARS, MAX_SEARCH_LIMIT, 
                      Hit, Memory, Message, Mode, ROLES, UserSummary)
 from ..stores.base import ApiKey, Erased, Evidence
 
-__all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT", "NOT_BLANK",
-           "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut", "EvidenceOut",
-           "ExpiryIn", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut", "LearnIn",
-           "MemoryIn", "MemoryOut", "MessageIn", "MessageOut", "NewKeyOut", "Out", "Page", "PlanOut", "PromptIn",
-           "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict", "TurnIn", "UsageOut", "UserOut",
-           "erased_response", "fields_of"]
+__all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT",
+           "NOT_BLANK", "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut",
+           "EvidenceOut", "ExpiryIn", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut",
+           "LearnIn", "LoggedTurn", "MemoryIn", "MemoryOut", "MessageIn", "MessageOut", "MessagesIn", "NewKeyOut",
+           "Out", "Page", "PlanOut", "PromptIn", "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict",
+           "TurnIn", "UsageOut", "UserOut", "erased_response", "fields_of"]
 
 MAX_BATCH = 1_000
 MAX_LEARN_TURNS = 1_000
@@ -209,6 +209,17 @@ class MessageIn(Strict):
     role: Role
     content: Text
     ttl: Seconds | None = Field(None, description="seconds to keep it; default: the server's message retention")
+
+
+class LoggedTurn(Strict):
+    role: Role
+    content: Text
+
+
+class MessagesIn(Strict):
+    thread: Topic
+    messages: list[LoggedTurn] = Field(min_length=1, max_length=MAX_BATCH, description="the turns, oldest first")
+    ttl: Seconds | None = Field(None, description="seconds to keep them; default: the server's message retention")
 
 
 @fields_of(Message)

@@ -460,6 +460,25 @@ def test_messages_are_history_not_knowledge(shelf):
     assert [m.content for m in shelf.messages(KALEB, "t1", limit=1)] == ["Noted."]
 
 
+def test_a_conversation_is_logged_whole_or_not_at_all(shelf):
+    said = [{"role": "user", "content": "I moved to Lisbon."}, {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "And my sister lives in Faro."}]
+    logged = shelf.log_messages(KALEB, "t1", said)
+    assert [{"role": m.role, "content": m.content} for m in logged] == said
+    assert [{"role": m.role, "content": m.content} for m in shelf.messages(KALEB, "t1")] == said  # in order
+    assert len({m.id for m in logged}) == 3
+    for bad, problem in [([said[0], {"role": "user", "content": "  "}], "turn 2"),
+                         ([said[0], {"role": "user", "content": "a\x00b"}], "turn 2"),
+                         ([{"role": "user"}], "turn 1"), ([said[0], "Hello."], "turn 2"),
+                         ([said[0], {"role": "", "content": "x"}], "turn 2")]:
+        with pytest.raises(InvalidInput, match=problem):
+            shelf.log_messages(KALEB, "t1", bad)
+    assert len(shelf.messages(KALEB, "t1")) == 3  # nothing of a refused batch was kept
+    assert shelf.log_messages(KALEB, "t2", []) == [] and shelf.messages(KALEB, "t2") == []
+    with pytest.raises(InvalidInput):
+        shelf.log_messages(KALEB, "t1", said[0])  # one turn, not a list of them
+
+
 def test_messages_have_their_own_retention(open_shelf, clock):
     shelf = open_shelf(clock=clock, message_ttl=timedelta(days=1))
     shelf.log_message(KALEB, "t1", "user", "hello")

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from ...model import MAX_TOPIC_CHARS
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, WorkerRoute
-from .._schemas import NOT_BLANK, TEXT, ErasedOut, MessageIn, MessageOut, Page, erased_response
+from .._schemas import NOT_BLANK, TEXT, ErasedOut, MessageIn, MessageOut, MessagesIn, Page, erased_response
 
 __all__ = ["router"]
 
@@ -23,6 +23,14 @@ def log_message(owner: OwnerDep, shelf: ShelfDep, body: MessageIn) -> MessageOut
     """Append one conversation turn to a thread. Messages are history, never returned as knowledge."""
     ttl = {} if body.ttl is None else {"ttl": body.ttl}
     return MessageOut.of(shelf.log_message(owner, body.thread, body.role, body.content, **ttl))
+
+
+@router.post("/v1/users/{user}/messages/batch", status_code=201)
+def log_messages(owner: OwnerDep, shelf: ShelfDep, body: MessagesIn) -> list[MessageOut]:
+    """Append up to 1000 turns to a thread, in order, in one transaction: all are kept, or none."""
+    ttl = {} if body.ttl is None else {"ttl": body.ttl}
+    turns = [turn.model_dump() for turn in body.messages]
+    return [MessageOut.of(m) for m in shelf.log_messages(owner, body.thread, turns, **ttl)]
 
 
 @router.get("/v1/users/{user}/messages")
