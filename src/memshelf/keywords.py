@@ -134,7 +134,17 @@ def index_text(text: str) -> str:
 
 def is_prefix(term: str) -> bool:
     """Whether a search term matches the indexed tokens it starts, or only the token equal to it. A word of three or
-    more letters is a prefix (`printer` finds `printers`); a two-letter word matches whole (`go` does not find
-    `good`); a CJK pair matches the pair, and one CJK character every token it starts (every occurrence of it:
-    index_text makes each character the start of a token)."""
-    return len(term) > 2 or (len(term) == 1 and CJK_RUN.match(term) is not None)
+    more letters is a prefix (`printer` finds `printers`), except a short word ending in one "s" (SHORT_PLURAL); a
+    two-letter word matches whole (`go` does not find `good`); a CJK pair matches the pair, and one CJK character
+    every token it starts (every occurrence of it: index_text makes each character the start of a token)."""
+    if len(term) <= 2:
+        return len(term) == 1 and CJK_RUN.match(term) is not None
+    return SHORT_PLURAL.fullmatch(term) is None
+
+
+SHORT_PLURAL = re.compile(r"[^\W\d_]{1,2}[^\W\d_s]s")
+"""Words of three or four letters ending in one "s" (`aws`, `sms`, `gas`, `bus`, `cats`, `ones`) match their own
+word whole, singular or plural, not as a prefix. The stemmers cut such a word's "s" before it is matched (SQLite's
+porter always, PostgreSQL's English snowball often), and the stem left as a prefix began far more words than the
+question meant: `aws` as `aw` found "away" and "award", `sms` as `sm` "small", `ones` as `on` every "on",
+`bus` as `bu` "but" and "buy" (README, "Search text")."""

@@ -195,6 +195,23 @@ def test_prefix_matching_finds_longer_words(shelf):
     assert contents(shelf.search(KALEB, "printer")) == ["Both printers are out of toner."]
 
 
+def test_a_short_word_ending_in_s_finds_its_own_word_not_every_word_its_stem_begins(shelf):
+    """The stemmers cut the "s" of `aws`, `sms`, `bus` before matching: as prefixes, `aw`, `sm` and `bu` found
+    "away", "small" and "but"."""
+    aws, sms, bus, cats = ("Our AWS account id is 1234-5678.", "Send an SMS to the plumber.",
+                           "The bus leaves at nine.", "My cats sleep all day.")
+    others = ["The award went to Ana, who was away.", "A small favour for Ben.", "But we will buy a car.",
+              "The category list is long."]
+    for content in (aws, sms, bus, cats, *others):
+        shelf.remember(KALEB, "notes", content)
+    assert contents(shelf.search(KALEB, "aws", mode="keyword")) == [aws]
+    assert contents(shelf.search(KALEB, "What is my AWS account?", mode="keyword")) == [aws]
+    assert contents(shelf.search(KALEB, "sms", mode="keyword")) == [sms]
+    assert contents(shelf.search(KALEB, "When does the bus leave?", mode="keyword")) == [bus]
+    assert contents(shelf.search(KALEB, "cats", mode="keyword")) == [cats]
+    assert sorted(contents(shelf.search(KALEB, "cat", mode="keyword"))) == sorted([cats, others[3]])  # a prefix
+
+
 def test_non_ascii_words_are_found(shelf):
     shelf.remember(KALEB, "travel", "Kaleb lives in Zürich and likes the café on the corner.")
     assert len(shelf.search(KALEB, "Zürich")) == 1
