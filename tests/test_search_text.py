@@ -101,6 +101,65 @@ def test_sqlite_indexes_letters_as_postgresql_does(pg_url):
     assert differ == UNFOLDED
 
 
+MIXED_TEXT = [
+    "The office printer is on 192.168.1.40 and the scanner on 10.0.0.5:8080.",
+    "Email Kaleb at kaleb@example.com; the backup address is k.b@mail.example.org.",
+    "The docs live at https://example.org/docs/page?id=3 and the wiki at wiki.example.net.",
+    "My wi-fi password is tulip42 and the guest SSID is HomeNet_5G.",
+    "I ran the half-marathon in 2:05:30 last spring; running keeps me calm.",
+    "Kaleb's dog is named O'Brien and his cats are Miso and Tofu.",
+    "We use PostgreSQL 18 with pgvector, and SQLite for the laptop.",
+    "The weekly meeting moved to 3pm on Tuesdays, room 4B.",
+    "Version v2.3.1 fixed bug #4411 in the C++ and C# clients.",
+    "Tickets cost $45.99 each (VAT incl.), refunds within 14 days.",
+    "Call +1-555-0100 after 5 p.m. or send an SMS.",
+    "Our AWS account id is 1234-5678 and the bus to the office leaves at nine.",
+    "She studies at the Universidade de São Paulo and visits Zürich in May.",
+    "The file report_final-v3.pdf is on the NAS under /share/reports.",
+    "Mom's birthday is 1985-04-12; Dad's is on 3 March.",
+    "Use snake_case for Python names and camelCase in JavaScript.",
+    "It was -5°C last night, so the heating organization called about the boiler.",
+    "The kids, Ana, Ben and Cy, play football on Saturdays.",
+    "Meet at Café Olé near the central station, table twelve.",
+    "My car is a 2019 Toyota RAV4 hybrid with winter tyres.",
+    "The ﬁnal invoice and the ﬂight details are in the travel folder.",
+    "My ｉＰｈｏｎｅ backup is in the ＴＯＫＹＯ office drawer.",
+    "Ο καφές είναι στο γραφείο, και το τσάι στην κουζίνα.",
+    "Łukasz flies from Łódź to København on Friday; the Straße is closed.",
+    "東京の事務所は3階です。",
+    "서울 사무실은 2층입니다.",
+    "राहुल दिल्ली में रहता है।",
+    "Organizational changes: the organizers organize quarterly reviews.",
+    "Happiness is generous; generosity happens when people are happy.",
+    "He is a well-known, state-of-the-art researcher in e-learning.",
+    "The password hint is 'blue-sky-42', not the cat's name.",
+    "Buy eggs, milk & bread; the shopping list is on the fridge.",
+    "The GPS tracker and the DNS server both need new batteries.",
+    "I enjoy playing chess and played three games yesterday.",
+    "They said the way to the cabin is through the woods.",
+    "Ones and zeros: the binary clock shows 1010.",
+]
+"""Memories of many kinds of text: addresses, versions, acronyms, plurals, names with accents, other scripts."""
+STEMMED_APART = {"may": "porter makes it `mai`, a prefix of \"mail\"", "ones": "porter makes it `on`, every \"on\""}
+"""The terms of MIXED_TEXT that find other memories on SQLite than on PostgreSQL: their stemmers differ there."""
+
+
+def test_both_backends_find_the_same_memories_for_each_word(tmp_path, pg_fresh_url):
+    """Every search term of MIXED_TEXT, asked alone, finds the same memories on SQLite as on PostgreSQL (the order
+    may differ: their bm25 statistics are the tenant's and the owner's), but for STEMMED_APART."""
+    terms = sorted({term for line in MIXED_TEXT for term in search_terms(line)})
+    found = {}
+    for name, target in (("sqlite", str(tmp_path / "memory.db")), ("postgres", pg_fresh_url)):
+        with Shelf.open(target, embedder=None) as shelf:
+            stored = shelf.remember_many(KALEB, [{"topic": "notes", "content": line} for line in MIXED_TEXT])
+            line_of = {memory.id: number for number, memory in enumerate(stored)}
+            now = shelf.now()
+            found[name] = {term: sorted(line_of[s.memory.id] for s in shelf.store.keyword_search(
+                KALEB, [term], 1_000, now, by_confidence=True)) for term in terms}
+    assert len(terms) > 200 and all(found["sqlite"][term] for term in terms)  # each term finds its own line
+    assert {term for term in terms if found["sqlite"][term] != found["postgres"][term]} == set(STEMMED_APART)
+
+
 def test_erasing_a_cjk_memory_leaves_its_pairs_nowhere(backend, target):
     with Shelf.open(target, embedder=None) as shelf:
         tokyo = shelf.remember(KALEB, "office", TOKYO)
