@@ -79,6 +79,7 @@ def test_a_postgres_source_out_of_reach_is_refused_in_one_line(tmp_path: Path) -
     assert proc.returncode == 1 and error.startswith("error: cannot read the source"), proc.stderr
     assert "Connection refused" in error and error.endswith("that the server is running")
     assert "secret" not in proc.stderr and not (tmp_path / "other.db").exists()
+    assert "copying" not in proc.stderr  # no progress bar drawn for a copy that never started
 
 
 def test_a_postgres_source_without_memshelf_tables_is_refused_and_left_alone(pg_server, tmp_path: Path) -> None:

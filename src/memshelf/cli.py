@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import typer
 from typer.core import TyperArgument, TyperCommand
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -713,9 +713,14 @@ def migrate(ctx: typer.Context, source: str = typer.Argument(..., help="Path or 
 
     s = _settings(ctx)
     with _progress() as bar:
-        task = bar.add_task("copying", total=None)
-        report = copy_everything(source, dest,
-                                 progress=lambda n, total: bar.update(task, completed=n, total=total))
+        tasks: list[TaskID] = []  # the bar appears with the first batch, not before a refusal
+
+        def copied(n: int, total: int) -> None:
+            if not tasks:
+                tasks.append(bar.add_task("copying", total=total))
+            bar.update(tasks[0], completed=n, total=total)
+
+        report = copy_everything(source, dest, progress=copied)
     summary = report.as_dict()
     if s.as_json:
         _emit_json(summary)
