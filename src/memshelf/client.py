@@ -86,7 +86,6 @@ def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat()
 
 
-
 def _mapping(kind: str, item: object) -> Mapping[str, Any]:
     if not isinstance(item, Mapping):
         raise InvalidInput(f"each {kind} must be a mapping, got {type(item).__name__}: nothing of it was sent")

@@ -80,15 +80,16 @@ def _folds() -> dict[int, str]:
         if not unicodedata.category(char).startswith("L"):
             continue
         decomposed = unicodedata.decomposition(char).split()
-        if point not in greek and decomposed and decomposed[0] != "<compat>" and int(decomposed[0], 16) < 0x80:
+        canonical = bool(decomposed) and not decomposed[0].startswith("<")
+        if point not in greek and canonical and int(decomposed[0], 16) < 0x80:
             continue  # an ASCII letter with marks ("é"): the tokenizer takes the marks off itself
         bare = "".join(c for c in unicodedata.normalize("NFKD", char) if not unicodedata.combining(c))
         if bare and (point in greek or bare.isascii() and bare.isalpha()):
             if bare != char:
                 table[point] = bare
             continue
-        if unicodedata.decomposition(char)[:1] not in ("", "<"):  # another letter with a mark ("ǣ" is "æ" with
-            continue                                                  # a macron): unaccent leaves it
+        if canonical:  # another letter with a mark ("ǣ" is "æ" with a macron): unaccent leaves it
+            continue
         named = _LATIN_NAME.fullmatch(unicodedata.name(char, ""))
         base = named and named.group(1)
         if base and (len(base) == 1 or base in _NAMED_LETTERS):
