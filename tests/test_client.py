@@ -223,9 +223,12 @@ def test_batches_over_a_request_go_in_several_and_a_refused_one_keeps_nothing(se
                                                 {"role": "user", "content": " "}])
         with pytest.raises(InvalidInput, match="mapping"):
             client.log_messages(owner, "long", ["Hello."])
+        with pytest.raises(NotFound):  # one id is not the user's: none goes
+            client.forget_messages(owner, [logged[0].id, "msg_0000000000000000"])
+        assert client.forget_messages(owner, [logged[0].id, logged[1].id]).messages == 2
     assert len(stored) == 80 and len(served.shelf.list_memories(owner, limit=100)[0]) == 80
     assert [m.content for m in logged] == [t["content"] for t in turns]
-    assert [m.content for m in served.shelf.messages(owner, "long", limit=100)] == [t["content"] for t in turns]
+    assert [m.content for m in served.shelf.messages(owner, "long", limit=100)] == [t["content"] for t in turns[2:]]
 
 
 def test_a_busy_server_is_retried_then_reported() -> None:

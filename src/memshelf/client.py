@@ -348,6 +348,14 @@ class Client:
     def forget_message(self, owner: Owner, message_id: str) -> Erased:
         return self._erase(self._user(owner, f"/messages/{quote(message_id, safe='')}"), "messages")
 
+    def forget_messages(self, owner: Owner, message_ids: Iterable[str]) -> Erased:
+        """One request, all or none (up to MAX_BATCH ids)."""
+        if isinstance(message_ids, (str, bytes)):
+            raise InvalidInput("message_ids must be a list of message ids, got a string: pass e.g. "
+                               "['msg_3f9c0a1b2d4e5f60'], or use forget_message for one")
+        return decode(Erased, self._json("POST", self._user(owner, "/messages/forget"),
+                                         json_body={"ids": list(message_ids)}))
+
     def forget_user(self, owner: Owner) -> Erased:
         return decode(Erased, self._json("DELETE", self._user(owner)))
 

@@ -92,6 +92,13 @@ def _turn_of(number: int, turn: object) -> tuple[str, str]:
         raise exc.within(f"turn {number}: ", "; nothing was logged") from exc
 
 
+def _check_message_id(message_id: object) -> str:
+    if not isinstance(message_id, str) or not is_id("msg", message_id):
+        raise InvalidInput(f"message id must look like 'msg_3f9c0a1b2d4e5f60', got {message_id!r}",
+                           "list_messages() returns them", fix="message_id")
+    return message_id
+
+
 def _open_target(target: object) -> str:
     """Where Shelf.open should look: an explicit target, else MEMSHELF_DATABASE_URL, MEMSHELF_DB, ./memshelf.db."""
     if target is None:
@@ -735,14 +742,28 @@ class Shelf:
         """Erase one message (and the evidence rows that cite it; what was learned from it stays). Another owner's
         id, or one already gone, is NotFound."""
         owner = _check_owner(owner)
-        if not isinstance(message_id, str) or not is_id("msg", message_id):
-            raise InvalidInput(f"message id must look like 'msg_3f9c0a1b2d4e5f60', got {message_id!r}",
-                               "list_messages() returns them", fix="message_id")
-        erased = self.store.delete_message(owner, message_id)
+        erased = self.store.delete_message(owner, _check_message_id(message_id))
         if not erased.messages:
             raise NotFound(f"no message {message_id!r} for {owner}", "check the id: list_messages() returns them",
                            fix="message_id", after="; nothing was deleted")
         return erased
+
+    def forget_messages(self, owner: Owner, message_ids: Iterable[str]) -> Erased:
+        """Erase several messages in one transaction, each with the evidence that cites it: all of them, or none
+        when one is not the owner's (NotFound), as a turn logged in parts is erased."""
+        owner = _check_owner(owner)
+        if isinstance(message_ids, (str, bytes)) or not isinstance(message_ids, Iterable):
+            raise InvalidInput(f"message_ids must be a list of message ids, got {type(message_ids).__name__}: "
+                               "pass e.g. ['msg_3f9c0a1b2d4e5f60'], or use forget_message for one")
+        erased = Erased()
+        with self.store.atomic():
+            for message_id in dict.fromkeys(_check_message_id(m) for m in message_ids):
+                one = self.store.delete_message(owner, message_id)
+                if not one.messages:
+                    raise NotFound(f"no message {message_id!r} for {owner}", "check the ids: list_messages() "
+                                   "returns them", fix="message_id", after="; nothing was deleted")
+                erased += one
+        return replace(erased, scrub_pending=erased.messages > 0 and self.store.scrub_pending)
 
     def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:
         """Erase a thread: its messages and its learning watermark. With cascade, also what was learned only from

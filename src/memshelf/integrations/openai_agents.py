@@ -20,7 +20,6 @@ add_items writes all of the items or none on a Shelf (one transaction); through 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
@@ -101,10 +100,7 @@ class ShelfSession:
         if not newest:
             return None
         head, messages, content = newest[0]
-        store = getattr(self.shelf, "store", None)
-        with store.atomic() if store is not None else contextlib.nullcontext():
-            for message in reversed(messages):  # the parts first: a part never outlives its head
-                self.shelf.forget_message(self.owner, message.id)
+        self.shelf.forget_messages(self.owner, [message.id for message in messages])  # all its parts, or none
         return item_of(head.role, content)
 
 

@@ -22,9 +22,9 @@ from ..stores.base import ApiKey, Erased, Evidence
 __all__ = ["DECLARED_SOURCES", "FILTER", "IDENTIFIER", "MAX_BATCH", "MAX_LEARN_TURNS", "MAX_SEARCH_LIMIT",
            "NOT_BLANK", "SCRUB_PENDING_HEADER", "TEXT", "BatchIn", "ContextIn", "ContextOut", "ErasedOut",
            "EvidenceOut", "ExpiryIn", "FactChangeOut", "FactIn", "FactOut", "HitOut", "ImportOut", "KeyIn", "KeyOut",
-           "LearnIn", "LoggedTurn", "MemoryIn", "MemoryOut", "MessageIn", "MessageOut", "MessagesIn", "NewKeyOut",
-           "Out", "Page", "PlanOut", "PromptIn", "PromptOut", "ProposalOut", "SearchIn", "SearchOut", "Strict",
-           "TurnIn", "UsageOut", "UserOut", "erased_response", "fields_of"]
+           "LearnIn", "LoggedTurn", "MemoryIn", "MemoryOut", "MessageIdsIn", "MessageIn", "MessageOut", "MessagesIn",
+           "NewKeyOut", "Out", "Page", "PlanOut", "PromptIn", "PromptOut", "ProposalOut", "SearchIn", "SearchOut",
+           "Strict", "TurnIn", "UsageOut", "UserOut", "erased_response", "fields_of"]
 
 MAX_BATCH = 1_000
 MAX_LEARN_TURNS = 1_000
@@ -220,6 +220,11 @@ class MessagesIn(Strict):
     thread: Topic
     messages: list[LoggedTurn] = Field(min_length=1, max_length=MAX_BATCH, description="the turns, oldest first")
     ttl: Seconds | None = Field(None, description="seconds to keep them; default: the server's message retention")
+
+
+class MessageIdsIn(Strict):
+    ids: list[Annotated[str, Field(min_length=1, max_length=200, json_schema_extra=NOT_BLANK)]] = Field(
+        min_length=1, max_length=MAX_BATCH, description="the messages to erase, all or none")
 
 
 @fields_of(Message)

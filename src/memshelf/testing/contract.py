@@ -496,6 +496,19 @@ def test_a_conversation_is_logged_whole_or_not_at_all(shelf):
         shelf.log_messages(KALEB, "t1", said[0])  # one turn, not a list of them
 
 
+def test_several_messages_are_erased_all_or_none(shelf):
+    said = shelf.log_messages(KALEB, "t1", [{"role": "user", "content": f"part {i}"} for i in range(3)])
+    other = shelf.log_message(MAYA, "t1", "user", "another owner's turn")
+    for ids, refusal in [([said[0].id, other.id], NotFound), ([said[0].id, "msg_0000000000000000"], NotFound),
+                         ([said[0].id, "not-an-id"], InvalidInput), (said[0].id, InvalidInput)]:
+        with pytest.raises(refusal):
+            shelf.forget_messages(KALEB, ids)
+    assert len(shelf.messages(KALEB, "t1")) == 3 and len(shelf.messages(MAYA, "t1")) == 1  # nothing went
+    erased = shelf.forget_messages(KALEB, [said[2].id, said[0].id, said[2].id])
+    assert erased.messages == 2
+    assert [m.content for m in shelf.messages(KALEB, "t1")] == ["part 1"]
+
+
 def test_messages_have_their_own_retention(open_shelf, clock):
     shelf = open_shelf(clock=clock, message_ttl=timedelta(days=1))
     shelf.log_message(KALEB, "t1", "user", "hello")

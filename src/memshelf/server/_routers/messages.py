@@ -8,7 +8,8 @@ from fastapi import APIRouter, Path, Query, Response
 
 from ...model import MAX_TOPIC_CHARS
 from .._deps import Cursor, ListLimit, OwnerDep, ShelfDep, WorkerRoute
-from .._schemas import NOT_BLANK, TEXT, ErasedOut, MessageIn, MessageOut, MessagesIn, Page, erased_response
+from .._schemas import (NOT_BLANK, TEXT, ErasedOut, MessageIdsIn, MessageIn, MessageOut, MessagesIn, Page,
+                        erased_response)
 
 __all__ = ["router"]
 
@@ -46,6 +47,13 @@ def forget_message(owner: OwnerDep, shelf: ShelfDep,
                    message_id: Annotated[str, Path(max_length=200, json_schema_extra=NOT_BLANK)]) -> Response:
     """Erase one message, with the evidence that cites it (what was learned from it stays)."""
     return erased_response(shelf.forget_message(owner, message_id))
+
+
+@router.post("/v1/users/{user}/messages/forget")
+def forget_messages(owner: OwnerDep, shelf: ShelfDep, body: MessageIdsIn) -> ErasedOut:
+    """Erase up to 1000 messages in one transaction, each with the evidence that cites it: all of them, or none
+    when one is not the user's (404)."""
+    return ErasedOut.of(shelf.forget_messages(owner, body.ids))
 
 
 @router.delete("/v1/users/{user}/threads/{thread}")
