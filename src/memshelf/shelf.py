@@ -675,9 +675,8 @@ class Shelf:
         role = check_role(role)
         content = check_text("content", content)
         now = self.now()
-        ttl = self.message_ttl if ttl is _DEFAULT else ttl
-        expires = resolve_expiry(None, ttl, now) if ttl is not None else None
-        return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))
+        return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now,
+                                                     self._message_expiry(ttl, now)))
 
     def log_messages(self, owner: Owner, thread: str, turns: Iterable[Mapping[str, Any]], *,
                      ttl: float | timedelta | None | object = _DEFAULT) -> list[Message]:
@@ -687,11 +686,15 @@ class Shelf:
         thread = check_text("thread", thread, MAX_TOPIC_CHARS)
         checked = [_turn_of(number, turn) for number, turn in enumerate(_check_records("turns", turns), 1)]
         now = self.now()
-        ttl = self.message_ttl if ttl is _DEFAULT else ttl
-        expires = resolve_expiry(None, ttl, now) if ttl is not None else None
+        expires = self._message_expiry(ttl, now)
         with self.store.atomic():
             return [self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))
                     for role, content in checked]
+
+    def _message_expiry(self, ttl: float | timedelta | None | object, now: datetime) -> datetime | None:
+        """When a message logged now expires: after ttl, or the shelf's message_ttl when none was given."""
+        ttl = self.message_ttl if ttl is _DEFAULT else ttl
+        return resolve_expiry(None, ttl, now) if ttl is not None else None
 
     def messages(self, owner: Owner, thread: str | None = None, *, limit: int = 50) -> list[Message]:
         """The newest `limit` messages of a thread (or of all threads), oldest first."""

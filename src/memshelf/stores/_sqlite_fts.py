@@ -19,6 +19,7 @@ tenant still share statistics (the tenant is the unit of isolation for ranking; 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -61,16 +62,19 @@ def fold(text: str) -> str:
     Latin letters that carry a stroke, a hook or a bar, or stand for two ("Łódź", "København", "Straße"). So a
     question typed without them finds the memory on both backends (README, "Search text"); the tokenizer still
     folds case and the other Latin accents itself. Applied to the indexed text and to the question's terms."""
-    return text if text.isascii() else _FOLDABLE.sub(_folded, text)
+    if text.isascii():
+        return text
+    table, foldable = _folds()
+    return foldable.sub(lambda char: table[ord(char.group())], text)
 
 
-def _folded(char: re.Match[str]) -> str:
-    return _FOLDS[ord(char.group())]
-
-
-def _folds() -> dict[int, str]:
+@functools.cache
+def _folds() -> tuple[dict[int, str], re.Pattern[str]]:
     """fold's table, made from the Unicode character database (tests/test_search_text.py compares it with
-    PostgreSQL's unaccent, character by character)."""
+    PostgreSQL's unaccent, character by character), and the pattern of what it replaces: most text with accents has
+    none of it (the tokenizer takes an ASCII letter's marks off itself), and a search of 250 characters costs
+    2.5 us where str.translate with the table cost 20. Made at the first text that is not ASCII (13 ms), not when
+    the store is imported."""
     table: dict[int, str] = {point: chr(point - 0xFEE0) for point in range(0xFF01, 0xFF5F)}  # full-width ASCII
     table |= {ord("ё"): "е", ord("Ё"): "Е"}  # the one Cyrillic letter unaccent folds
     latin = [*range(0xC0, 0x250), *range(0x1E00, 0x1F00), *range(0xFB00, 0xFB07)]
@@ -94,7 +98,7 @@ def _folds() -> dict[int, str]:
         base = named and named.group(1)
         if base and (len(base) == 1 or base in _NAMED_LETTERS):
             table[point] = _NAMED_LETTERS.get(base, base).lower()
-    return table
+    return table, re.compile("[" + "".join(map(chr, sorted(table))) + "]")
 
 
 _LATIN_NAME = re.compile(r"LATIN (?:SMALL|CAPITAL) (?:LETTER|LIGATURE) (.+?)(?: WITH .*)?")
@@ -103,10 +107,6 @@ _NAMED_LETTERS = {"AE": "ae", "OE": "oe", "IJ": "ij", "HV": "hv", "OI": "oi", "E
                   "OPEN E": "e", "IOTA": "i", "AFRICAN D": "d", "U BAR": "u", "DB DIGRAPH": "db",
                   "QP DIGRAPH": "qp", "MIDDLE-WELSH LL": "ll", "MIDDLE-WELSH V": "v", "N PRECEDED BY APOSTROPHE": "n"}
 """Latin letters whose name is not "<letter> WITH <a mark>", folded as unaccent folds them."""
-_FOLDS = _folds()
-_FOLDABLE = re.compile("[" + "".join(map(chr, sorted(_FOLDS))) + "]")
-"""What fold replaces: most text with accents has none of it (the tokenizer takes an ASCII letter's marks off
-itself), and a search of 250 characters costs 2.5 us where str.translate with the table cost 20."""
 
 
 def _indexed(*texts: str) -> tuple[str, ...]:
