@@ -592,3 +592,15 @@ def test_search_on_a_large_shelf_finds_common_and_rare_words_as_ranking_every_ma
         assert [hit["memory"]["id"] for hit in found] == ids, question
     assert expected["printer toner"][0] != expected["printer"][0]  # the toner line, found by its rare word
     assert len(expected["jams"]) == 600  # a limit above the bound gets as many hits
+
+
+@pytest.mark.parametrize("unset, named", [(("MEMSHELF_TENANT",), "no --tenant given"),
+                                          (("MEMSHELF_USER",), "no --user given"),
+                                          (("MEMSHELF_TENANT", "MEMSHELF_USER"), "no --tenant and no --user given")])
+def test_a_missing_half_of_the_owner_is_named(tmp_path, unset, named):
+    """A command for one owner without its tenant or its user says which is missing, and writes nothing."""
+    environment = {name: "" for name in unset}
+    proc = run(tmp_path, "remember", "network", "The office printer is on 192.168.1.40.", env=environment)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"error: {named}: ") and "--tenant and --user" in proc.stderr
+    assert ok(tmp_path, "list").stdout.strip() == ""

@@ -112,7 +112,9 @@ class Settings:
 
     def owner(self) -> Owner:
         if not self.tenant or not self.user:
-            raise MemshelfError("no owner given: pass --tenant and --user (or set MEMSHELF_TENANT and MEMSHELF_USER)")
+            missing = [name for name, value in (("--tenant", self.tenant), ("--user", self.user)) if not value]
+            raise MemshelfError(f"no {' and no '.join(missing)} given: a command reads and writes one owner's records,"
+                                " so pass --tenant and --user (or set MEMSHELF_TENANT and MEMSHELF_USER)")
         return Owner(self.tenant, self.user)
 
     def the_tenant(self) -> str:
