@@ -649,6 +649,21 @@ def test_a_422_names_the_field_and_the_problem_in_plain_words(acme: httpx.Client
     assert "pydantic" not in message and "http" not in message
 
 
+@pytest.mark.parametrize("body, content_type", [
+    (b'{"question": "printer"}', "text/plain"), (b"question=printer", "application/x-www-form-urlencoded"),
+    (b'["printer"]', "application/json"), (b'"printer"', "application/json")])
+def test_a_body_that_is_not_a_json_object_says_to_send_one(acme: httpx.Client, body: bytes,
+                                                            content_type: str) -> None:
+    """A body the server does not read as a JSON object is named as such, with the header to send, instead of
+    pydantic's "body: input should be a valid dictionary"; nothing is written."""
+    for path in ("/v1/users/plain-text/search", "/v1/users/plain-text/memories"):
+        response = acme.post(path, content=body, headers={"Content-Type": content_type})
+        message = assert_error(response, 422, "validation_error")["message"]
+        assert message.startswith("the request body is not a JSON object: ")
+        assert "Content-Type: application/json" in message and "/docs" in message
+    assert acme.get("/v1/users/plain-text/memories").json()["items"] == []
+
+
 @pytest.mark.parametrize("method, path, allow", [
     ("PATCH", "/v1/users/u/memories", "GET, POST"), ("PUT", "/v1/users/u/memories/m_1", "DELETE, GET, PATCH"),
     ("POST", "/v1/users/u/facts/k", "DELETE, GET, PUT"), ("POST", "/health", "GET"),

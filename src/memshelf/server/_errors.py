@@ -145,10 +145,20 @@ _UNPARSED = "There was an error parsing the body"
 nesting too deep): the same mistake as any other malformed body, answered the same way."""
 
 
+_NOT_AN_OBJECT = ("the request body is not a JSON object: send the endpoint's fields as one JSON object with "
+                  "Content-Type: application/json (a body of another type is not read as JSON; the fields are at "
+                  "/docs)")
+_OBJECT_EXPECTED = frozenset({"model_attributes_type", "model_type", "dict_type"})
+
+
 def validation_error_response(exc: RequestValidationError) -> JSONResponse:
     errors = list(exc.errors())
     if any(error.get("type") == "json_invalid" for error in errors):
         return error_response(400, "malformed_json", _MALFORMED)
+    if errors and all(tuple(error.get("loc", ())) == ("body",) and error.get("type") in _OBJECT_EXPECTED
+                      for error in errors):
+        # The whole body is not an object: a JSON array or string, or a body sent as text/plain or a form.
+        return error_response(422, "validation_error", _NOT_AN_OBJECT)
     return error_response(422, "validation_error", _validation_message(errors))
 
 
