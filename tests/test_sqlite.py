@@ -54,6 +54,35 @@ def test_erased_text_is_nowhere_in_the_database_files(tmp_path, clock, erase):
     assert b"Filler statement number 7 " in leftover  # the file is readable text: the check can fail
 
 
+@pytest.mark.parametrize("erase", ["forget_messages", "inside_atomic"])
+def test_an_erasure_inside_a_transaction_is_scrubbed_when_it_commits(tmp_path, erase):
+    """The checkpoint that overwrites erased text ran inside the transaction, where nothing was committed, and was
+    not tried again for a second: Shelf.forget_messages (one transaction) left the messages' words in the files
+    and reported scrub_pending. Now the outermost commit runs it, before the call returns."""
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None)
+    for i in range(100):
+        shelf.remember(Owner("home", "maya"), "filler", f"Filler statement number {i} about the weather.")
+    said = [shelf.log_message(KALEB, "t1", "user", SECRET),
+            shelf.log_message(KALEB, "t1", "user", "The gate word is quillworthy.")]
+    memory = shelf.remember(KALEB, "secrets", "The vault word is xanthopsia.")
+    assert b"zanzibarquux" in file_bytes(db) and b"xanthopsia" in file_bytes(db)
+    if erase == "forget_messages":
+        erased = shelf.forget_messages(KALEB, [m.id for m in said])
+        assert (erased.messages, erased.scrub_pending) == (2, False)
+        needles = [b"zanzibarquux", b"quillworthy"]
+    else:
+        with shelf.store.atomic():
+            shelf.forget(KALEB, memory.id)
+            shelf.forget_message(KALEB, said[0].id)
+        needles = [b"zanzibarquux", b"xanthopsia"]
+    assert not shelf.store.scrub_pending
+    leftover = file_bytes(db)
+    assert [needle for needle in needles if needle in leftover] == []
+    assert b"Filler statement number 7 " in leftover  # the check can fail
+    shelf.close()
+
+
 def test_forget_one_memory_removes_its_words_from_the_index(tmp_path):
     db = tmp_path / "memory.db"
     shelf = Shelf.open(db, embedder=None)

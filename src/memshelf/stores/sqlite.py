@@ -357,18 +357,24 @@ class SQLiteStore(SQLRecords):
             self._run(conn, "COMMIT" if depth == 0 else f"RELEASE {name}")
         except BaseException:
             self._undo(conn, depth, name)
+            if depth == 0:
+                self._local.scrub_at_commit = False  # rolled back: nothing was erased
             raise
         finally:
             self._local.depth = depth
         if depth == 0 and self._checkpointer is not None:
             self._checkpointer.poke()
-        if depth == 0 and self._scrub_pending and time.monotonic() - self._scrub_tried >= SCRUB_RETRY_S:
+        if depth == 0 and getattr(self._local, "scrub_at_commit", False):
+            self._local.scrub_at_commit = False
+            self._retry_scrub(SCRUB_WAIT_MS)  # an erasure inside this transaction: its checkpoint, now committed
+        elif depth == 0 and self._scrub_pending and time.monotonic() - self._scrub_tried >= SCRUB_RETRY_S:
             self._retry_scrub()
 
-    def _retry_scrub(self) -> None:
-        """An earlier erasure's checkpoint waited for a reader: finish it now if it can, without waiting."""
+    def _retry_scrub(self, wait_ms: int = 0) -> None:
+        """An earlier erasure's checkpoint waited for a reader, or waited for its transaction to commit: finish it
+        now if it can (waiting wait_ms for readers)."""
         try:
-            self._checkpoint(wait_ms=0)
+            self._checkpoint(wait_ms)
         except StoreError:
             pass  # the write before is committed and stays so; the next erasure or close reports this failure
 
@@ -1177,6 +1183,11 @@ class SQLiteStore(SQLRecords):
         if tenants:
             with self.atomic():
                 self._fts.scrub(tenants)
+        if getattr(self._local, "depth", 0):
+            # Inside a caller's transaction (Shelf.forget_messages, store.atomic()) nothing is committed yet, and
+            # a checkpoint copies only what is: atomic() checkpoints when the outermost transaction commits.
+            self._local.scrub_at_commit = True
+            return True
         return not self._checkpoint(SCRUB_WAIT_MS)
 
     def _checkpoint(self, wait_ms: int) -> bool:
