@@ -834,7 +834,7 @@ def test_a_question_about_owning_never_matches_the_owners_index_token(tmp_path):
     shelf.remember_many(KALEB, [{"topic": "home", "content": text} for text in
                                 ("I own a red bicycle.", "The printer is on floor 2.", "The owl lives in the barn.")])
     shelf.remember(MAYA, "home", "Maya owns the blue car.")
-    for question in ("what do I own?", "things I owned", "ÓWN"):
+    for question in ("what do I own?", "things I owned", "ÓWN", "øwn", "øwned", "ｏｗｎ"):  # folded: fold()'s too
         assert keyword_answers(shelf, question) == ["I own a red bicycle."], question
     assert keyword_answers(shelf, sqlite_store.owner_tag(KALEB)[:5]) == []  # the start of Kaleb's own token
     assert keyword_answers(shelf, "owl") == ["The owl lives in the barn."]

@@ -139,7 +139,8 @@ def is_prefix(term: str) -> bool:
     every token it starts (every occurrence of it: index_text makes each character the start of a token)."""
     if len(term) <= 2:
         return len(term) == 1 and CJK_RUN.match(term) is not None
-    return SHORT_PLURAL.fullmatch(term) is None
+    # Full-width and other compatibility forms as the indexes read them ("ｂｕｓ" is "bus" on both backends).
+    return SHORT_PLURAL.fullmatch(unicodedata.normalize("NFKC", term)) is None
 
 
 SHORT_PLURAL = re.compile(r"[^\W\d_]{1,2}[^\W\d_s]s")

@@ -134,8 +134,9 @@ def fts_query(terms: Sequence[str], owner: Owner | None, with_context: bool,
 
 def _may_match_tag(term: str) -> bool:
     """Whether the term could match an owner's token ("own" and hex digits, owner_tag): the tokenizer folds case and
-    diacritics and the porter stemmer only trims a word's end, so a term must start with "own" to reach one."""
-    folded = "".join(c for c in unicodedata.normalize("NFKD", term) if not unicodedata.combining(c))
+    diacritics and the porter stemmer only trims a word's end, so a term must start with "own" to reach one, once
+    folded as the query folds it (fold: "øwn" and "ｏｗｎ" are "own" too)."""
+    folded = "".join(c for c in unicodedata.normalize("NFKD", fold(term)) if not unicodedata.combining(c))
     return folded.casefold().startswith("own")
 
 

@@ -208,6 +208,8 @@ def test_a_short_word_ending_in_s_finds_its_own_word_not_every_word_its_stem_beg
     assert contents(shelf.search(KALEB, "What is my AWS account?", mode="keyword")) == [aws]
     assert contents(shelf.search(KALEB, "sms", mode="keyword")) == [sms]
     assert contents(shelf.search(KALEB, "When does the bus leave?", mode="keyword")) == [bus]
+    assert contents(shelf.search(KALEB, "ｂｕｓ", mode="keyword")) == [bus]  # full-width, as the index folds it
+    assert contents(shelf.search(KALEB, "ＡＷＳ", mode="keyword")) == [aws]
     assert contents(shelf.search(KALEB, "cats", mode="keyword")) == [cats]
     assert sorted(contents(shelf.search(KALEB, "cat", mode="keyword"))) == sorted([cats, others[3]])  # a prefix
 
