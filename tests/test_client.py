@@ -231,6 +231,28 @@ def test_batches_over_a_request_go_in_several_and_a_refused_one_keeps_nothing(se
     assert [m.content for m in served.shelf.messages(owner, "long", limit=100)] == [t["content"] for t in turns[2:]]
 
 
+def test_a_batch_item_no_request_could_carry_is_refused_before_anything_is_sent(served: Served) -> None:
+    """The items were checked one request at a time: 1,500 good turns and then one that is not a mapping, or one of
+    over a mebibyte, kept the first 1,000 (or the turns before it) while the error said nothing was sent."""
+    owner = Owner(TENANT, "ines")
+    turns = [{"role": "user", "content": f"Turn {i}."} for i in range(1_500)]
+    memories = [{"topic": "notes", "content": f"Note {i}."} for i in range(1_500)]
+    with Client(served.url, served.secret) as client:
+        with pytest.raises(InvalidInput, match="mapping, got str: nothing of it was sent"):
+            client.log_messages(owner, "t", [*turns, "Hello."])  # type: ignore[list-item]
+        with pytest.raises(InvalidInput, match="mapping, got str: nothing of it was sent"):
+            client.remember_many(owner, [*memories, "Hello."])  # type: ignore[list-item]
+        huge = "x" * (1 << 20)
+        with pytest.raises(InvalidInput, match=r"turn 2 is [\d,]+ bytes as JSON.*nothing was sent"):
+            client.log_messages(owner, "t", [{"role": "user", "content": "first"}, {"role": "user", "content": huge}])
+        with pytest.raises(InvalidInput, match=r"memory 1501 is [\d,]+ bytes as JSON.*nothing was sent"):
+            client.remember_many(owner, [*memories, {"topic": "notes", "content": huge}])
+        assert client.log_messages(owner, "t", turns[:3])[-1].content == "Turn 2."  # the check can pass
+        assert client.forget_messages(owner, []) == served.shelf.forget_messages(owner, []) == Erased()
+    assert [m.content for m in served.shelf.messages(owner, "t", limit=10)] == ["Turn 0.", "Turn 1.", "Turn 2."]
+    assert served.shelf.list_memories(owner)[0] == []
+
+
 def test_a_busy_server_is_retried_then_reported() -> None:
     owner = Owner(TENANT, "kaleb")
     patient = Busy(2)

@@ -92,21 +92,32 @@ def _mapping(kind: str, item: object) -> Mapping[str, Any]:
     return item
 
 
-def _batches(items: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    """items in consecutive batches of at most MAX_BATCH whose JSON stays under REQUEST_BYTES (an item alone over it
-    goes alone, for the server to refuse with its advice). The size is counted as ASCII-escaped JSON, which is never
+_ROOM = REQUEST_BYTES - 4_096
+"""What a batch's items may take of a request: the rest is room for the body's other fields."""
+
+
+def _batches(kind: str, items: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """items in consecutive batches of at most MAX_BATCH whose JSON stays under REQUEST_BYTES. Every item is made
+    and measured before the first request is sent, so an item that is not a mapping (_mapping) or one that no
+    request could carry is refused with nothing sent. The size is counted as ASCII-escaped JSON, which is never
     shorter than what is sent."""
+    batches: list[list[dict[str, Any]]] = []
     batch: list[dict[str, Any]] = []
     size = 0
-    for item in items:
+    for number, item in enumerate(items, 1):
         length = len(json.dumps(item)) + 2
-        if batch and (len(batch) == MAX_BATCH or size + length > REQUEST_BYTES - 4_096):  # room for the rest
-            yield batch
+        if length > _ROOM:
+            raise InvalidInput(f"{kind} {number} is {length:,} bytes as JSON, more than one request carries "
+                               f"({_ROOM:,}) and than the server takes (content is at most 16,000 characters): "
+                               f"split its text into several; nothing was sent")
+        if batch and (len(batch) == MAX_BATCH or size + length > _ROOM):
+            batches.append(batch)
             batch, size = [], 0
         batch.append(item)
         size += length
     if batch:
-        yield batch
+        batches.append(batch)
+    return batches
 
 
 def _seconds(ttl: float | timedelta | None) -> float | None:
@@ -210,7 +221,7 @@ class Client:
             return fields
 
         path, stored = self._user(owner, "/memories/batch"), []
-        for batch in _batches(fields_of(item) for item in items):
+        for batch in _batches("memory", [fields_of(item) for item in items]):
             stored += decode(list[Memory], self._json("POST", path, json_body={"memories": batch}))
         return stored
 
@@ -310,7 +321,7 @@ class Client:
         at all, in order."""
         path, logged = self._user(owner, "/messages/batch"), []
         kept = {} if ttl is None else {"ttl": _seconds(ttl)}
-        for batch in _batches(dict(_mapping("turn", turn)) for turn in turns):
+        for batch in _batches("turn", [dict(_mapping("turn", turn)) for turn in turns]):
             logged += decode(list[Message], self._json("POST", path, json_body={"thread": thread, "messages": batch,
                                                                                **kept}))
         return logged
@@ -353,8 +364,10 @@ class Client:
         if isinstance(message_ids, (str, bytes)):
             raise InvalidInput("message_ids must be a list of message ids, got a string: pass e.g. "
                                "['msg_3f9c0a1b2d4e5f60'], or use forget_message for one")
-        return decode(Erased, self._json("POST", self._user(owner, "/messages/forget"),
-                                         json_body={"ids": list(message_ids)}))
+        ids = list(message_ids)
+        if not ids:
+            return Erased()  # as the Shelf answers (the endpoint takes one id at least)
+        return decode(Erased, self._json("POST", self._user(owner, "/messages/forget"), json_body={"ids": ids}))
 
     def forget_user(self, owner: Owner) -> Erased:
         return decode(Erased, self._json("DELETE", self._user(owner)))
