@@ -17,7 +17,7 @@ from agents.models.interface import Model  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
 
-from memshelf import Client, InvalidInput, Owner, Shelf  # noqa: E402
+from memshelf import Client, InvalidInput, Owner, Shelf, StoreUnavailable  # noqa: E402
 from memshelf.integrations.openai_agents import ITEM_PREFIX, ShelfSession, item_of, turn_of  # noqa: E402
 from memshelf.server import create_app  # noqa: E402
 from test_server import LiveServer  # noqa: E402
@@ -134,6 +134,38 @@ def test_an_add_is_kept_whole_or_not_at_all(memory: Any) -> None:
     with pytest.raises(InvalidInput):
         asyncio.run(refused.add_items([{"role": "user", "content": "kept?"}, {"role": "user", "content": "too?"}]))
     assert asyncio.run(session.get_items()) == items  # nothing of the refused add
+
+
+class LosesItsSecondRequest(Client):
+    """A Client whose connection drops at its second request of a batch of messages."""
+
+    sent = 0
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        if path.endswith("/messages/batch"):
+            self.sent += 1
+            if self.sent == 2:
+                raise StoreUnavailable("the connection was lost")
+        return super()._json(method, path, **kwargs)
+
+
+def test_through_a_client_a_lost_request_keeps_only_whole_items(target: str) -> None:
+    """Items of more than a request's 1 MiB went in requests cut at 1,000 turns or 1 MiB, wherever that fell: a
+    request lost after the first kept an item's head (and some of its parts) without the rest, which read back as a
+    truncated item. Each request now holds whole items."""
+    items = [{"role": "user", "content": f"Item {i}: " + "lorem ipsum " * 3_400} for i in range(30)]  # 3 parts each
+    with Shelf.open(target, embedder=None) as shelf:
+        secret = shelf.create_key(OWNER.tenant)[1]
+        with LiveServer(create_app(target=target, embedder=None)) as live, \
+                LosesItsSecondRequest(live.url, secret) as client:
+            session = ShelfSession(client, OWNER, thread="lossy")
+            with pytest.raises(StoreUnavailable):
+                asyncio.run(session.add_items(items))
+            kept = asyncio.run(session.get_items())
+            assert 0 < len(kept) < len(items) and kept == items[:len(kept)]  # whole items, the first ones
+            assert len(shelf.messages(OWNER, "lossy", limit=1_000)) == 3 * len(kept)
+            asyncio.run(session.add_items(items[len(kept):]))  # the connection is back: the rest
+            assert asyncio.run(session.get_items()) == items
 
 
 def test_clear_session_erases_the_thread_only(memory: Any) -> None:

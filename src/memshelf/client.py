@@ -120,6 +120,25 @@ def _batches(kind: str, items: Iterable[dict[str, Any]]) -> list[list[dict[str, 
     return batches
 
 
+def whole_groups(groups: Iterable[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """Consecutive groups of records (an Agents item's messages) packed into lists that each fit one request of
+    remember_many or log_messages, so no group is split between two requests; a group too big for one request is a
+    list of its own, which the Client then sends in several."""
+    packed: list[list[dict[str, Any]]] = []
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for group in groups:
+        length = sum(len(json.dumps(record)) + 2 for record in group)
+        if chunk and (len(chunk) + len(group) > MAX_BATCH or size + length > _ROOM):
+            packed.append(chunk)
+            chunk, size = [], 0
+        chunk += group
+        size += length
+    if chunk:
+        packed.append(chunk)
+    return packed
+
+
 def _seconds(ttl: float | timedelta | None) -> float | None:
     return ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
 

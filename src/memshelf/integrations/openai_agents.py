@@ -14,7 +14,8 @@ assistant's output parts become their text); any other item (a tool call, its ou
 JSON in a `tool` turn and comes back exactly. An item longer than a message holds (16,000 characters) is kept in
 consecutive messages of its role, each after the first marked PART_PREFIX, and comes back whole. The shelf may be
 a Shelf or a memshelf.Client; its calls run in a worker thread, so the event loop never waits on the database.
-add_items writes all of the items or none on a Shelf (one transaction); through a Client each is its own request.
+add_items writes all of the items or none on a Shelf (one transaction); through a Client in requests that each hold
+whole items and are each kept whole or not at all.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
+from ..client import Client, whole_groups
 from ..model import MAX_CONTENT_CHARS, ROLES, UNSTORABLE, Message, Owner
 
 __all__ = ["ITEM_PREFIX", "PART_PREFIX", "ShelfSession"]
@@ -88,12 +90,14 @@ class ShelfSession:
         return found
 
     def _add(self, items: list[Any]) -> None:
-        """The items are kept all or none: in one transaction on a Shelf; through a Client in one request, or in
-        several when they are more than a request takes (Client.log_messages)."""
+        """The items are kept all or none in one transaction on a Shelf. Through a Client they go in one request,
+        or in several when they are more than a request takes, each holding whole items (whole_groups), so a failed
+        request never leaves an item's head without its later parts."""
         ttl = {} if self.ttl is None else {"ttl": self.ttl}
-        self.shelf.log_messages(self.owner, self.thread, [
-            {"role": role, "content": piece}
-            for item in items for role, content in (turn_of(item),) for piece in _split(content)], **ttl)
+        turns = [[{"role": role, "content": piece} for piece in _split(content)]
+                 for item in items for role, content in (turn_of(item),)]
+        for chunk in whole_groups(turns) if isinstance(self.shelf, Client) else [[t for ts in turns for t in ts]]:
+            self.shelf.log_messages(self.owner, self.thread, chunk, **ttl)
 
     def _pop(self) -> Any | None:
         newest = self._newest(1)
