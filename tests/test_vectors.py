@@ -4,6 +4,7 @@ on both backends."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
@@ -376,6 +377,33 @@ def test_a_matrix_gets_its_int8_copy_when_it_grows_past_the_threshold(monkeypatc
 
 
 # ---------------------------------------------------------------- vector files beside a SQLite file
+def test_a_vector_file_replaced_while_it_is_being_mapped_is_read_as_one_file(tmp_path, monkeypatch):
+    """The arrays' headers were read through an open file and each array then mapped by the file's path: another
+    process saving the owner's vectors anew in between had the new file mapped at the old file's offsets."""
+    rng = np.random.default_rng(3)
+    old = VectorMatrix.build("m", rows_of(rng.standard_normal((40, 8)).astype(np.float32)), expiry)
+    new = VectorMatrix.build("m", rows_of(rng.standard_normal((90, 8)).astype(np.float32), first_key=500), expiry)
+    path, replacement = tmp_path / "owner.vec", tmp_path / "owner.vec.new"
+    old.save(path, {"generation": 1})
+    new.save(replacement, {"generation": 2})
+    reads = []
+
+    def replaced_after_the_first_header(read: object) -> object:
+        def header(handle: object) -> object:
+            if not reads:
+                os.replace(replacement, path)  # as _sqlite_vector_files writes a file: a new one moved in place
+            reads.append(handle)
+            return read(handle)  # type: ignore[operator]
+        return header
+
+    for name in ("read_array_header_1_0", "read_array_header_2_0"):
+        monkeypatch.setattr(np.lib.format, name, replaced_after_the_first_header(getattr(np.lib.format, name)))
+    mapped, header = VectorMatrix.mapped(path)
+    assert reads and header["generation"] == 1 and mapped.size == 40
+    for ours, theirs in zip(mapped._arrays(), old._arrays()):
+        assert np.array_equal(ours[:mapped.size], theirs[:old.size])
+
+
 @pytest.mark.parametrize("compact", [False, True])
 def test_a_saved_matrix_maps_back_to_the_same_rows_and_answers(tmp_path, monkeypatch, compact):
     monkeypatch.setattr(_vectors, "COMPACT_ROWS", 1 if compact else 10**9)
@@ -685,12 +713,13 @@ def test_more_changes_than_the_store_keeps_rebuild_the_matrix(tmp_path, monkeypa
     owner = Owner("t", "user0")
     reads = vector_reads(monkeypatch)
     before = semantic_answers(shelf, owner)
+    start = shelf.store._q("SELECT generation FROM owner_generation WHERE user_id = ?", (owner.user,)).fetchone()[0]
     with shelf.store.atomic():  # each update one generation: more than the store keeps entries of
         for n in range(CHANGES_KEPT + 10):
             shelf.store._q("UPDATE memories SET confidence = ? WHERE pk = (SELECT min(pk) FROM memories)",
                            (0.5 + (n % 2) * 0.1,))
     kept = shelf.store._q("SELECT count(*), min(generation), max(generation) FROM owner_changes").fetchone()
-    assert kept == (CHANGES_KEPT, 11, CHANGES_KEPT + 10)
+    assert kept == (CHANGES_KEPT, start + 11, start + CHANGES_KEPT + 10)  # an owner starts at a random one
     answers = semantic_answers(shelf, owner)
     assert rebuilds(reads, shelf) == 2  # the first search, then the one too far behind
     assert [[hit[:2] for hit in q] for q in answers] == [[hit[:2] for hit in q] for q in before]
@@ -718,6 +747,24 @@ def test_an_owner_erased_and_refilled_elsewhere_is_read_again(tmp_path, monkeypa
     assert [[h.memory.id for h in shelf.search(KALEB, q, mode="semantic", limit=20)] for q in questions] == expected
     assert expected[0] and set(expected[0]) <= {m.id for m in fresh}
     shelf.close()
+
+
+def test_an_owner_erased_and_refilled_with_as_many_memories_elsewhere_is_read_again(tmp_path, monkeypatch):
+    """The owner's counters started at (generation 0, appended n) again after an erasure, so a refill of as many
+    memories matched what another process had cached for the erased ones; the refill's last memory, the same as
+    before, passed the check of the newest row, and the erased memory's vector scored the new one in its key."""
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    path = tmp_path / "memory.db"
+    reader, writer = Shelf.open(path, embedder=HashEmbedder()), Shelf.open(path, embedder=HashEmbedder())
+    writer.remember_many(KALEB, [{"topic": "x", "content": "alpha beta"}, {"topic": "y", "content": "gamma"}])
+    assert [h.memory.content for h in reader.search(KALEB, "alpha beta", mode="semantic")][0] == "alpha beta"
+    writer.forget_user(KALEB)
+    writer.remember_many(KALEB, [{"topic": "x", "content": "delta"}, {"topic": "y", "content": "gamma"}])
+    expected = [(h.memory.id, round(h.score, 6)) for h in writer.search(KALEB, "alpha beta", mode="semantic")]
+    assert [(h.memory.id, round(h.score, 6)) for h in reader.search(KALEB, "alpha beta", mode="semantic")] == expected
+    assert all(score < 0.5 for _, score in expected)  # the erased "alpha beta" scores nothing now
+    reader.close()
+    writer.close()
 
 
 def test_a_vector_file_catches_up_with_changes_that_delete_nothing(tmp_path, monkeypatch, small_files):

@@ -345,7 +345,9 @@ def _mapped_arrays(path: Path) -> list[np.ndarray]:
             nbytes = math.prod(shape) * dtype.itemsize
             if offset + nbytes > end:
                 raise ValueError(f"{path} is cut short")
-            arrays.append(np.memmap(path, dtype, "r", offset, shape) if nbytes else np.empty(shape, dtype))
+            # Mapped through the handle the headers were read from: by its path, a file replaced in between (another
+            # process saving the owner's vectors anew) was mapped at the old file's offsets.
+            arrays.append(np.memmap(handle, dtype, "r", offset, shape) if nbytes else np.empty(shape, dtype))
             handle.seek(offset + nbytes)
     return arrays
 

@@ -626,10 +626,15 @@ class SQLiteStore(SQLRecords):
     def _count_added(self, owner: Owner, rows: int, most_confident: float) -> None:
         """Count an owner's new rows in owner_generation (`appended` tells the cached vector matrix to fetch
         them), and raise its most_confident to the batch's, once per batch, in the batch's transaction. Every
-        insert into memories goes through here."""
+        insert into memories goes through here.
+
+        An owner's first row starts its generation at a random number below 2**62, not at 0: an erasure deletes
+        the owner's counters, and an owner refilled with as many rows counted again (0, n), which another process
+        had cached for the erased rows, so it kept their vectors (and scored the new memories, which reuse their
+        keys, with them)."""
         if rows:
-            self._q("INSERT INTO owner_generation (tenant, user_id, appended, memories, most_confident)"
-                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, user_id) DO UPDATE SET"
+            self._q("INSERT INTO owner_generation (tenant, user_id, generation, appended, memories, most_confident)"
+                    f" VALUES (?, ?, random() & {(1 << 62) - 1}, ?, ?, ?) ON CONFLICT (tenant, user_id) DO UPDATE SET"
                     " appended = appended + excluded.appended, memories = memories + excluded.memories,"
                     " most_confident = max(coalesce(most_confident, excluded.most_confident),"
                     " excluded.most_confident)", (owner.tenant, owner.user, rows, rows, most_confident))
