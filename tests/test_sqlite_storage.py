@@ -688,6 +688,28 @@ def test_a_common_word_in_a_shared_tenant_finds_the_owners_memories(tmp_path, mo
     shelf.close()
 
 
+@pytest.mark.parametrize("guesses", [False, True])
+def test_a_word_rarely_said_whole_but_often_begun_is_found_as_every_match_would_find_it(tmp_path, monkeypatch,
+                                                                                         guesses):
+    """A term whose own word is rare while the words it begins are common ("photo": "photography" in most of the
+    owner's memories) is matched as its own word in the bounded query. The answer then ranked only the other term's
+    matches and passed for complete: "apple photo" gave three guesses about apple tarts where ranking every match
+    gives the owner's statements about photography, the most confident first."""
+    bound_ranked(monkeypatch, 20, newest=5)
+    shelf = Shelf.open(tmp_path / "photo.db", embedder=None)
+    shelf.remember_many(MAYA, [{"topic": "food", "content": f"Apple pie number {n}."} for n in range(40)])
+    shelf.remember_many(KALEB, [{"topic": "hobby", "content": f"Photography club meeting {n}."} for n in range(30)])
+    shelf.remember_many(KALEB, [{"topic": "food", "content": f"An apple tart, recipe {n}.",
+                                 "source": "inferred" if guesses else "stated"} for n in range(3 if not guesses
+                                                                                            else 10)])
+    limit = 3 if guesses else 10
+    bounded = keyword_answers(shelf, "apple photo", limit=limit)
+    bound_ranked(monkeypatch, 10**9)
+    assert bounded == keyword_answers(shelf, "apple photo", limit=limit)
+    assert len(bounded) == limit and all("Photography" in found for found in bounded)  # the rarer word wins
+    shelf.close()
+
+
 def test_a_rarer_word_beside_a_common_one_is_found_however_old(garden, monkeypatch):
     bound_ranked(monkeypatch, 10)
     for mode in ("keyword", "hybrid"):

@@ -253,8 +253,8 @@ class _Part(NamedTuple):
 
 class _Bound(NamedTuple):
     """Which matches a keyword query ranks: the parts, each ranking rows none of the others does, whether they keep
-    every match of the owner's (then what they rank is the answer), and the query of every match, its terms matched
-    as the parts match them (a common term as its own word)."""
+    every match of the owner's (then what they rank is the answer), and the query of every match, a common term
+    matched as its own word, as the parts match it."""
     parts: tuple[_Part, ...]
     complete: bool
     every: str
@@ -910,6 +910,7 @@ class SQLiteStore(SQLRecords):
                 if len(begun) > bound:  # its own word is rare, the words it begins are not: the word's every match
                     as_words.append(term)
                     begun = None
+                    complete = False  # the words it begins are left out: a short answer ranks every match
             if begun is None and found[term]:
                 begun = self._matches(table, whole(term, scope), bound)
             rare.update(begun or ())
@@ -918,8 +919,11 @@ class SQLiteStore(SQLRecords):
         def query(these: Sequence[str], also: Sequence[str] = ()) -> str:
             return fts_query(these, scope, not words_table, whole=as_words, words_table=words_table, also=also)
 
+        # Every match, as the bound keeps it: a common term as its own word (the documented trade-off), but a term
+        # whose own word is rare with every word it begins, so the check of more confident matches sees them.
+        every = fts_query(terms, scope, not words_table, whole=windowed, words_table=words_table)
         if not picked:  # the owner has no match of any term (others in the tenant have)
-            return _Bound((_Part(" AND 0", (), query(terms)),), complete, query(terms))
+            return _Bound((_Part(" AND 0", (), query(terms)),), complete, every)
         start = min(starts, default=min(picked))
         old = [key for key in rare if key < start]
         # How many of the common terms' older matches one query would walk from the oldest rare match, estimated
@@ -933,7 +937,7 @@ class SQLiteStore(SQLRecords):
         tail = _Part(f" AND {table}.rowid >= ? AND +{table}.rowid IN (SELECT value FROM json_each(?))",
                      (start, json.dumps(sorted(key for key in picked if key >= start))), query(terms))
         if start <= min(picked):
-            return _Bound((tail,), complete, query(terms))
+            return _Bound((tail,), complete, every)
         # The rarer terms' matches older than every common term's newest: ranked in the same statement, FTS5 would
         # walk each common term's every match from the oldest of them (5-20 ms at 100,000 memories). Instead, those
         # that also hold a common term are ranked by a query that needs both (FTS5 then skips through the common
@@ -947,7 +951,7 @@ class SQLiteStore(SQLRecords):
                          (both, oldest, start)).fetchone()[0]
         return _Bound((tail, _Part(within, (oldest, start), both),
                        _Part(f"{within} AND +{table}.rowid NOT IN (SELECT value FROM json_each(?))",
-                             (oldest, start, shared), query(others))), complete, query(terms))
+                             (oldest, start, shared), query(others))), complete, every)
 
     def _matches(self, table: str, query: str, bound: int, newest: bool = False) -> list[int]:
         """Up to bound + 1 rows the query matches: the first found, or with `newest` the newest (the highest keys:
