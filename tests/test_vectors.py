@@ -767,6 +767,21 @@ def test_an_owner_erased_and_refilled_with_as_many_memories_elsewhere_is_read_ag
     writer.close()
 
 
+def test_a_memory_superseded_by_a_clock_ahead_of_ours_takes_no_place_in_the_answer(tmp_path, monkeypatch):
+    """A supersession stamped in the future (another process's clock ahead of this one, or an import within the
+    allowed clock skew) kept the row in the cached matrix until that instant: it took one of the top k places,
+    the rows read back then dropped it (superseded), and the search answered fewer hits than it had."""
+    monkeypatch.setenv("MEMSHELF_VECTOR_FILES", "off")
+    shelf = Shelf.open(tmp_path / "memory.db", embedder=HashEmbedder())
+    old, new, other = (shelf.remember(KALEB, "notes", text) for text in ("alpha beta", "alpha gamma", "delta"))
+    assert len(shelf.search(KALEB, "alpha beta", mode="semantic", limit=2, floor=-1.0)) == 2  # the matrix cached
+    ahead = datetime.now(UTC) + timedelta(minutes=2)
+    assert shelf.store.supersede_memory(KALEB, old.id, new.id, ahead)
+    found = [hit.memory.id for hit in shelf.search(KALEB, "alpha beta", mode="semantic", limit=2, floor=-1.0)]
+    assert found == [new.id, other.id]
+    shelf.close()
+
+
 def test_a_vector_file_catches_up_with_changes_that_delete_nothing(tmp_path, monkeypatch, small_files):
     path = tmp_path / "memory.db"
     filled_with_files(path, monkeypatch)

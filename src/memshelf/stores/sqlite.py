@@ -176,9 +176,11 @@ RESAVE_GROWTH = 1.25
 """An owner's vector file is written again when its matrix has grown by this factor since the file was written."""
 
 
-_UNTIL = ("CASE WHEN m.superseded_at IS NULL THEN m.expires_at WHEN m.expires_at IS NULL"
-          " OR m.superseded_at < m.expires_at THEN m.superseded_at ELSE m.expires_at END")
-"""When a memory (alias m) leaves current searches: its expiry, or the instant it was superseded if earlier."""
+_UNTIL = f"CASE WHEN m.superseded_at IS NULL THEN m.expires_at ELSE '{ts(datetime(1970, 1, 1, tzinfo=UTC))}' END"
+"""When a memory (alias m) leaves current searches (the cached matrix's expiry of a row): its expiry, and a
+superseded memory has left them, whenever it was superseded. Its supersession time was taken instead, which a clock
+ahead of this one (another process's, or an import's within MAX_CLOCK_SKEW) put in the future: the row kept a place
+in the matrix's top k that the rows read back then dropped, and the search answered fewer hits than it had."""
 
 
 CHANGED_VECTOR, DELETED = 1, 2
