@@ -83,6 +83,26 @@ def test_an_erasure_inside_a_transaction_is_scrubbed_when_it_commits(tmp_path, e
     shelf.close()
 
 
+def test_a_memory_forgotten_after_a_purge_rewrote_its_context_leaves_no_word_behind(tmp_path, clock):
+    """A purge of many rows merges the tenant's index at its end and deletes by marker until then; the memories
+    after the purged ones had their conversation context rewritten meanwhile (deleted by marker, indexed again
+    under the same key). Forgotten later, in place, such a memory left its words in the context index's pages
+    (SQLite 3.45 and newer, where deletions are in place)."""
+    db = tmp_path / "memory.db"
+    shelf = Shelf.open(db, embedder=None, clock=clock)
+    for i in range(20):  # more than are deleted in place: the purge merges instead
+        shelf.remember(KALEB, "notes", f"short lived note {i}", ttl=10)
+    words = ["zqkvnmtrxhg", "zqwpjthgkmx", "zqrxnvhtkjm", "zqmgtxkwvrp", "zqhjtvmnxkq", "zqtnkxgpjwv"]
+    kept = [shelf.remember(KALEB, "notes", f"the word is {word} today") for word in words]
+    clock.advance(60)
+    assert shelf.purge_expired().memories == 20
+    for memory in kept:
+        assert not shelf.forget(KALEB, memory.id).scrub_pending
+    leftover = file_bytes(db)
+    assert [word for word in words if word[-6:].encode() in leftover] == []  # FTS5 keeps a term's shared start
+    shelf.close()
+
+
 def test_forget_one_memory_removes_its_words_from_the_index(tmp_path):
     db = tmp_path / "memory.db"
     shelf = Shelf.open(db, embedder=None)

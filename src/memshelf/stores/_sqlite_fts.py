@@ -264,13 +264,23 @@ class TenantIndexes:
         return touched
 
     def replace_context(self, tenant: str, pk: int, topic: str, content: str, tag: str, old: str, new: str) -> None:
-        names = self.names(tenant)
-        if names is None:
+        """A row's conversation context replaced in the tenant's context table. Where this SQLite deletes in place,
+        the old entries are taken out in place even while a bulk erasure has turned that off (it merges at its end):
+        a row deleted by marker and indexed again under the same key before the merge kept, in the merged index,
+        an entry that a later in-place deletion of the row left behind, so the row's words stayed in the file after
+        it was forgotten (found by a test that scans the file's bytes)."""
+        found = self._q("SELECT context, secure FROM fts_tenants WHERE tenant = ?", (tenant,)).fetchone()
+        if found is None:
             return
-        ctx = names[1]
+        ctx, secure = found
         topic, content, old, new = _indexed(topic, content, old, new)
+        switched = SECURE_DELETE and not secure
+        if switched:
+            self._q(f"INSERT INTO {ctx} ({ctx}, rank) VALUES ('secure-delete', 1)")
         self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
                 " VALUES ('delete', ?, ?, ?, ?, ?)", (pk, topic, content, tag, old))
+        if switched:
+            self._q(f"INSERT INTO {ctx} ({ctx}, rank) VALUES ('secure-delete', 0)")
         self._q(f"INSERT INTO {ctx} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",
                 (pk, topic, content, tag, new))
 
