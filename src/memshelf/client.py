@@ -101,34 +101,31 @@ def _batches(kind: str, items: Iterable[dict[str, Any]]) -> list[list[dict[str, 
     and measured before the first request is sent, so an item that is not a mapping (_mapping) or one that no
     request could carry is refused with nothing sent. The size is counted as ASCII-escaped JSON, which is never
     shorter than what is sent."""
-    batches: list[list[dict[str, Any]]] = []
-    batch: list[dict[str, Any]] = []
-    size = 0
+    measured = []
     for number, item in enumerate(items, 1):
         length = len(json.dumps(item)) + 2
         if length > _ROOM:
             raise InvalidInput(f"{kind} {number} is {length:,} bytes as JSON, more than one request carries "
                                f"({_ROOM:,}) and than the server takes (content is at most 16,000 characters): "
                                f"split its text into several; nothing was sent")
-        if batch and (len(batch) == MAX_BATCH or size + length > _ROOM):
-            batches.append(batch)
-            batch, size = [], 0
-        batch.append(item)
-        size += length
-    if batch:
-        batches.append(batch)
-    return batches
+        measured.append(([item], length))
+    return _packed(measured)
 
 
 def whole_groups(groups: Iterable[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
     """Consecutive groups of records (an Agents item's messages) packed into lists that each fit one request of
     remember_many or log_messages, so no group is split between two requests; a group too big for one request is a
     list of its own, which the Client then sends in several."""
+    return _packed((list(group), sum(len(json.dumps(record)) + 2 for record in group)) for group in groups)
+
+
+def _packed(groups: Iterable[tuple[list[dict[str, Any]], int]]) -> list[list[dict[str, Any]]]:
+    """Groups of records, each with its size as JSON, packed in order into lists of at most MAX_BATCH records and
+    _ROOM bytes (a group over either alone is a list of its own)."""
     packed: list[list[dict[str, Any]]] = []
     chunk: list[dict[str, Any]] = []
     size = 0
-    for group in groups:
-        length = sum(len(json.dumps(record)) + 2 for record in group)
+    for group, length in groups:
         if chunk and (len(chunk) + len(group) > MAX_BATCH or size + length > _ROOM):
             packed.append(chunk)
             chunk, size = [], 0
