@@ -136,6 +136,14 @@ def _packed(groups: Iterable[tuple[list[dict[str, Any]], int]]) -> list[list[dic
     return packed
 
 
+def _segment(value: str) -> str:
+    """An id as one path segment: percent-encoded, and a segment of only dots with its dots encoded too, which HTTP
+    clients (httpx here) otherwise resolve as "this" or "the parent" folder: forget_thread(owner, "..") was sent as
+    DELETE /v1/users/{user}, which erased the whole user, and a user "." read the path's next segment's records."""
+    encoded = quote(value, safe="")
+    return encoded.replace(".", "%2E") if encoded in (".", "..") else encoded
+
+
 def _seconds(ttl: float | timedelta | None) -> float | None:
     return ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
 
@@ -204,7 +212,7 @@ class Client:
         if owner.tenant != tenant:
             raise InvalidInput(f"this client's key is for tenant {tenant!r}, not {owner.tenant!r}: nothing was "
                                f"sent; use a key of tenant {owner.tenant!r} for its users")
-        return f"/v1/users/{quote(owner.user, safe='')}{rest}"
+        return f"/v1/users/{_segment(owner.user)}{rest}"
 
     def _erase(self, path: str, counted: str) -> Erased:
         """DELETE one record (answered 204): one of `counted` erased, and whether its text may linger on disk."""
@@ -242,7 +250,7 @@ class Client:
         return stored
 
     def get(self, owner: Owner, memory_id: str) -> Memory:
-        return decode(Memory, self._json("GET", self._user(owner, f"/memories/{quote(memory_id, safe='')}")))
+        return decode(Memory, self._json("GET", self._user(owner, f"/memories/{_segment(memory_id)}")))
 
     def list_memories(self, owner: Owner, *, limit: int = 50, cursor: str | None = None, topic: str | None = None,
                       source: str | None = None, contains: str | None = None, order: str = "newest",
@@ -262,18 +270,18 @@ class Client:
                 return
 
     def confirm(self, owner: Owner, memory_id: str) -> Memory:
-        return decode(Memory, self._json("POST", self._user(owner, f"/memories/{quote(memory_id, safe='')}/confirm")))
+        return decode(Memory, self._json("POST", self._user(owner, f"/memories/{_segment(memory_id)}/confirm")))
 
     def set_expiry(self, owner: Owner, memory_id: str, *, ttl: float | timedelta | None = None,
                    expires_at: datetime | None = None) -> Memory:
         if ttl is not None and expires_at is not None:
             raise InvalidInput("pass expires_at or ttl, not both")
         body = {"ttl": _seconds(ttl)} if ttl is not None else {"expires_at": _iso(expires_at)}
-        return decode(Memory, self._json("PATCH", self._user(owner, f"/memories/{quote(memory_id, safe='')}"),
+        return decode(Memory, self._json("PATCH", self._user(owner, f"/memories/{_segment(memory_id)}"),
                                           json_body=body))
 
     def forget(self, owner: Owner, memory_id: str) -> Erased:
-        return self._erase(self._user(owner, f"/memories/{quote(memory_id, safe='')}"), "memories")
+        return self._erase(self._user(owner, f"/memories/{_segment(memory_id)}"), "memories")
 
     # ------------------------------------------------------------------------------------------------ retrieval
     def search(self, owner: Owner, question: str, *, mode: str = "auto", limit: int = 5,
@@ -294,7 +302,7 @@ class Client:
 
     # ------------------------------------------------------------------------------------------------ facts
     def set_fact(self, owner: Owner, key: str, value: str, source: str = "stated") -> Fact:
-        answer = self._json("PUT", self._user(owner, f"/facts/{quote(key, safe='')}"),
+        answer = self._json("PUT", self._user(owner, f"/facts/{_segment(key)}"),
                             json_body={"value": value, "source": source})
         fact: Fact = decode(Fact, answer)
         if answer.get("note"):  # the value given went to history only: say so as the Shelf does
@@ -307,14 +315,14 @@ class Client:
         return list(self._pages(self._user(owner, "/facts"), Fact))
 
     def get_fact(self, owner: Owner, key: str) -> Fact:
-        return decode(Fact, self._json("GET", self._user(owner, f"/facts/{quote(key, safe='')}")))
+        return decode(Fact, self._json("GET", self._user(owner, f"/facts/{_segment(key)}")))
 
     def fact_history(self, owner: Owner, key: str) -> list[FactChange]:
         """Every value the fact had, oldest first (over HTTP, one key at a time)."""
-        return list(self._pages(self._user(owner, f"/facts/{quote(key, safe='')}/history"), FactChange))
+        return list(self._pages(self._user(owner, f"/facts/{_segment(key)}/history"), FactChange))
 
     def forget_fact(self, owner: Owner, key: str) -> Erased:
-        return self._erase(self._user(owner, f"/facts/{quote(key, safe='')}"), "facts")
+        return self._erase(self._user(owner, f"/facts/{_segment(key)}"), "facts")
 
     def _pages(self, path: str, kind: type[T], **params: Any) -> Iterator[T]:
         cursor = None
@@ -369,11 +377,11 @@ class Client:
 
     # ------------------------------------------------------------------------------------------------ erasure
     def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:
-        return decode(Erased, self._json("DELETE", self._user(owner, f"/threads/{quote(thread, safe='')}"),
+        return decode(Erased, self._json("DELETE", self._user(owner, f"/threads/{_segment(thread)}"),
                                           params={"cascade": "true" if cascade else None}))
 
     def forget_message(self, owner: Owner, message_id: str) -> Erased:
-        return self._erase(self._user(owner, f"/messages/{quote(message_id, safe='')}"), "messages")
+        return self._erase(self._user(owner, f"/messages/{_segment(message_id)}"), "messages")
 
     def forget_messages(self, owner: Owner, message_ids: Iterable[str]) -> Erased:
         """One request, all or none (up to MAX_BATCH ids)."""
