@@ -624,6 +624,9 @@ BAD_INPUT = [
     ("users-limit-zero", "GET", "/v1/users?limit=0", None, 422, "validation_error"),
     ("users-filter-with-a-control-character", "GET", "/v1/users?contains=a%01b", None, 422, "invalid_input"),
     ("users-filter-too-long", "GET", "/v1/users?contains=" + "x" * 201, None, 422, "validation_error"),
+    ("path-not-utf8", "POST", "/v1/users/a%FF/memories", {"topic": "a", "content": "b"}, 400, "invalid_path"),
+    ("path-latin-1", "GET", "/v1/users/Zo%EB/memories", None, 400, "invalid_path"),
+    ("query-not-utf8", "GET", "/v1/users?contains=Zo%EB", None, 400, "invalid_path"),
     ("unknown-route", "GET", "/v1/users/u/nothing-here", None, 404, "not_found"),
     ("wrong-method", "PATCH", "/v1/users/u/memories", None, 405, "method_not_allowed"),
 ]

@@ -7,7 +7,7 @@ import enum
 import re
 from typing import TYPE_CHECKING
 from collections.abc import Callable
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_to_bytes
 
 import anyio
 from fastapi.responses import JSONResponse
@@ -54,11 +54,31 @@ class EncodedSlashes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and raw.startswith(_PROTECTED_BYTES) and not _utf8(raw, scope.get("query_string", b"")):
+            await error_response(400, "invalid_path", _NOT_UTF8, rpc=is_mcp(scope))(scope, receive, send)
+            return
         if raw and raw.startswith(b"/v1/") and b"%2" in raw:  # the API's own segments are never encoded
             kept = kept_segments(raw)
             if kept is not None:
                 scope = {**scope, "path": kept, SEGMENTS_KEPT: True}
         await self.app(scope, receive, send)
+
+
+_PROTECTED_BYTES = tuple(prefix.encode() for prefix in _PROTECTED)
+_NOT_UTF8 = ("the request's path or query is not UTF-8 once percent-decoded: encode ids as UTF-8 (\"Zoë\" is "
+             "Zo%C3%AB); read as it was, it would name another user or record")
+
+
+def _utf8(raw_path: bytes, query: bytes) -> bool:
+    """Whether the path and query decode as UTF-8. The server reads bytes that do not as U+FFFD, so "a%FF" and
+    "a%FE" were one user, and a client that encodes Latin-1 ("Zo%EB") would merge every name it cannot spell."""
+    try:
+        for part in (raw_path, query.replace(b"+", b" ")):
+            if b"%" in part:
+                unquote_to_bytes(part).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def kept_segments(raw: bytes) -> str | None:
