@@ -167,6 +167,12 @@ FOUND = [
     ("Hello! I am Kaleb Okafor.", ("user_name", "Kaleb Okafor")),
     ("Hello, I'm Ian, a nurse.", ("user_name", "Ian")),
     ("I'm Brian from accounting.", ("user_name", "Brian")),
+    ("I'm Élodie.", ("user_name", "Élodie")),  # a capital of any alphabet begins a name or a place
+    ("My name is Ólafur.", ("user_name", "Ólafur")),
+    ("Call me Åsa.", ("preferred_name", "Åsa")),
+    ("I live in Århus.", ("home_city", "Århus")),
+    ("I moved to Łódź.", ("home_city", "Łódź")),
+    ("I live in Porto. I want to visit Paris.", ("home_city", "Porto")),  # a wish in another sentence only
 ]
 NOTHING = [
     "I always take the bus if it rains.",
@@ -192,6 +198,17 @@ NOTHING = [
     "I'm So Tired.",
     "I'm Kaleb's mother.",
     "i'm kaleb",  # a name is written capitalised
+    "Forget that I live in Porto.",  # a task for the model: its words are not a statement about the user
+    "Please forget that I live in Porto.",
+    "Translate to French: I live in Paris.",
+    "Say: I live in Paris.",
+    "Repeat after me: my name is Bob.",
+    "Write a story where my name is Bob.",
+    "In my story, I live in Paris.",  # play and hypotheticals, in the sentence or set up in one before it
+    "I live in Paris in my dreams.",
+    "Let's roleplay. I'm Captain Jack.",
+    "Let's play pretend! I live in Atlantis.",
+    "Hypothetically speaking. I live in Paris.",
 ]
 
 

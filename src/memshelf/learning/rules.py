@@ -18,8 +18,11 @@ from .base import Extractor, ExtractorProvider, Known, Proposal, Turn
 
 I_AM = r"\bi(?:'m|’m| am)"
 I_HAVE = r"\bi(?:'ve|’ve| have)"
-PROPER = r"(?P<v>[a-z][\w'’.-]*(?: [a-z][\w'’.-]*){0,4})"
-NAME = r"(?P<v>(?-i:[A-Z])[\w'’-]*(?: (?-i:[A-Z])[\w'’-]*){0,3})"  # capitalised words only, in any case mode
+_CAPITAL = "A-Z" + "".join(c for c in map(chr, range(0xC0, 0x590)) if c.isupper()) \
+    + "".join(c for c in map(chr, range(0x1E00, 0x2000)) if c.isupper())
+"""Capital letters of the Latin, Greek, Cyrillic and Armenian alphabets: a name may begin with "É", "Å" or "Ł"."""
+PROPER = r"(?P<v>[^\W\d_][\w'’.-]*(?: [^\W\d_][\w'’.-]*){0,4})"  # words beginning with a letter of any alphabet
+NAME = (r"(?P<v>(?-i:[" + _CAPITAL + r"])[\w'’-]*(?: (?-i:[" + _CAPITAL + r"])[\w'’-]*){0,3})")  # capitalised only
 INITIAL_DOT = r"(?<=\b(?-i:[A-Z]))\.(?= )"  # the period of an initial ("Ursula K. Le Guin") does not end a value
 TEXT = r"(?P<v>(?:[^,.;!?]|" + INITIAL_DOT + r"){2,80})"
 EMAIL = r"(?P<v>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
@@ -226,7 +229,7 @@ _QUESTION = re.compile(r"\?\s*$|^(?:do|does|did|can|could|would|will|shall|shoul
 _UNREAL = re.compile(
     r"\b(?:if|suppose|supposing|imagine|imagining|pretend|pretending|let's say|lets say|let us say|what if|"
     r"hypothetically|in theory|would|i'd|i’d|wish|someday|one day|maybe|perhaps|might|roleplay|role-play|role play|"
-    r"act as|in character|my character|in this game|in the story|in my novel|in the book|as if|dream|dreamed|"
+    r"act as|in character|my character|in this game|in the story|in my novel|in the book|as if|dream|dreams|dreamed|"
     r"dreamt|planning to|plan to|hope to|want to|wanna|going to|gonna|thinking of|thinking about|considering)\b",
     re.IGNORECASE)
 _ASIDE = re.compile(
@@ -238,6 +241,19 @@ _ASIDE = re.compile(
 _INJECTION = re.compile(r"\b(?:ignore|disregard|forget) (?:all |any |the |your )?(?:previous|prior|above|earlier) "
                         r"(?:instructions|messages|rules)|\bsystem prompt\b|\byou are now\b|\bnew instructions\b",
                         re.IGNORECASE)
+_FRAME = re.compile(
+    r"\b(?:let's|lets|let us) (?:play|pretend|roleplay|role-play|role play|imagine)\b|\broleplay\b|\brole-play\b"
+    r"|\brole play\b|\bpretend\b|\bhypothetical(?:ly)?\b|\bin (?:my|a|the|this|our) (?:story|novel|book|game|"
+    r"dreams?|script|play|fiction)\b|\b(?:a|my) (?:story|poem|scene|script) (?:where|in which|about)\b",
+    re.IGNORECASE)
+"""A turn that sets up play or a hypothetical ("Let's roleplay. I'm Captain Jack."): none of its sentences is about
+the user, though the frame and the claim are in different sentences."""
+_INSTRUCTION = re.compile(
+    r"(?:^|[.!?]\s+)(?:please\s+|now\s+)?(?:forget|translate|repeat|rewrite|rephrase|paraphrase|proofread|"
+    r"summari[sz]e|spell)\b|\bsay\s*:|\brepeat after me\b|\bwrite (?:a|me a|an) (?:story|poem|scene|script|"
+    r"dialogue|letter)\b", re.IGNORECASE)
+"""A turn that asks the model to do something with words ("Forget that I live in Porto.", "Translate to French: I
+live in Paris.", "Say: my name is Bob."): the words are the task's, not a statement about the user."""
 _NEGATION = re.compile(r"\b(?:not|never|no longer|no|nobody|nothing|neither|nor)\b|n't\b|n’t\b", re.IGNORECASE)
 _CONNECTOR = {"de", "da", "do", "del", "la", "le", "of", "upon", "on", "am", "an", "der", "van", "von", "y", "el"}
 _TRAILING = re.compile(
@@ -394,8 +410,8 @@ class RulesExtractor(Extractor):
     def _from_turn(self, turn: Turn, known: Known) -> list[Proposal]:
         evidence = () if turn.id is None else (turn.id,)
         found: list[Proposal] = []
-        if _INJECTION.search(turn.content):
-            return []  # a turn that tries to instruct the model is not a statement about the user, in any sentence
+        if _INJECTION.search(turn.content) or _INSTRUCTION.search(turn.content) or _FRAME.search(turn.content):
+            return []  # a turn that instructs the model, or sets up play, says nothing about the user, in any sentence
         for sentence in sentences(turn.content):
             if _UNREAL.search(_ASIDE.sub("", sentence)):
                 continue
