@@ -381,6 +381,24 @@ def test_forget_thread_with_cascade_takes_only_what_came_only_from_it(shelf, clo
     assert shelf.store.learn_mark(KALEB, "home") is not None
 
 
+@pytest.mark.parametrize("first", ["t1", "t2"])
+def test_a_memory_said_again_in_another_thread_stays_until_both_are_forgotten(shelf, clock, first):
+    """A memory the rules learned in one thread and the user said again in another was skipped there ("already
+    remembered") with no evidence, so forgetting the first thread took it although the second still says it (and
+    that thread, read, teaches nothing more). As a fact said again, its second thread is its evidence too."""
+    shelf.log_message(KALEB, "t1", "user", "Remember that I love jazz.")
+    [learned] = shelf.learn(KALEB, thread="t1").applied
+    clock.advance(60)
+    shelf.log_message(KALEB, "t2", "user", "Remember that I love jazz.")
+    assert [p.reason for p in shelf.learn(KALEB, thread="t2").proposals] == ["already remembered"]
+    assert sorted(e.thread for e in shelf.evidence(KALEB, memory_id=learned.record)) == ["t1", "t2"]
+
+    shelf.forget_thread(KALEB, first, cascade=True)
+    assert [m.content for m in shelf.list_memories(KALEB)[0]] == ["I love jazz"]
+    erased = shelf.forget_thread(KALEB, {"t1": "t2", "t2": "t1"}[first], cascade=True)
+    assert erased.memories == 1 and shelf.list_memories(KALEB)[0] == []
+
+
 def test_forget_thread_with_cascade_keeps_a_learned_memory_the_caller_then_remembered(shelf, clock):
     """The assistant learns a line from the conversation, then the caller's own code remembers the same line:
     forgetting the conversation takes what only it taught, and leaves what the caller said."""

@@ -120,12 +120,16 @@ class Decider:
     follows the plan as it goes: a second value for one fact key is judged against the first, and a memory closed
     by one proposal cannot be closed again by the next."""
 
-    def __init__(self, shelf: Shelf, owner: Owner, turns: Sequence[Turn], facts: Sequence[Fact]) -> None:
+    def __init__(self, shelf: Shelf, owner: Owner, turns: Sequence[Turn], facts: Sequence[Fact],
+                 known: Known | None = None) -> None:
         self.shelf, self.owner = shelf, owner
         self.said_at: dict[str, datetime | None] = {t.id: t.at for t in turns if t.id is not None}
         self.facts = {fact.key: fact for fact in facts}
+        self.remembered = {} if known is None else {
+            content.casefold(): ident for content, ident in zip(known.memories, known.memory_ids)}
+        """The memories the extractor was shown, by their text folded: what a skip "already remembered" names."""
         self.closed: set[str] = set()
-        self.confirmed: list[Proposal] = []  # facts said again with their current value: more evidence, no write
+        self.confirmed: list[Proposal] = []  # facts and memories said again: more evidence, no write
 
     def decide(self, proposal: Proposal) -> Proposal:
         try:
@@ -155,12 +159,17 @@ class Decider:
         return proposal
 
     def _confirms(self, proposal: Proposal) -> None:
-        """A fact said again with the value it has: the messages that say it are its evidence too, so forgetting
-        one of the threads that said it (cascade) leaves it to the others."""
-        current = self.facts.get(proposal.key or "")
-        if (current is not None and current.value == proposal.value and proposal.evidence
-                and all(ident in self.said_at for ident in proposal.evidence)):
-            self.confirmed.append(proposal)
+        """A fact said again with the value it has, or a memory said again as it is: the messages that say it are
+        its evidence too, so forgetting one of the threads that said it (cascade) leaves it to the others. (A memory
+        said again in a second thread had none, and went with the first thread.)"""
+        if not proposal.evidence or any(ident not in self.said_at for ident in proposal.evidence):
+            return
+        if proposal.key is not None:
+            current = self.facts.get(proposal.key)
+            if current is not None and current.value == proposal.value:
+                self.confirmed.append(proposal)
+        elif proposal.content and (memory := self.remembered.get(proposal.content.casefold())) is not None:
+            self.confirmed.append(replace(proposal, record=memory))
 
     def _fact(self, proposal: Proposal, worth: float) -> Proposal:
         key = check_text("fact key", proposal.key, MAX_FACT_KEY_CHARS)
@@ -248,9 +257,13 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
                 done.append(_remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan, said_at))
             else:
                 done.append(proposal)
-        for confirmed in decider.confirmed:  # a fact the caller set (no evidence) stays the caller's
-            if plan.cites("fact", confirmed.key or "") or shelf.store.evidence(owner, "fact", confirmed.key):
-                plan.cite("fact", confirmed.key or "", confirmed, said_at, SAID_AGAIN)  # it taught no value
+        for confirmed in decider.confirmed:  # a record the caller wrote (no evidence) stays the caller's
+            if confirmed.key is None:
+                said = confirmed.record or ""
+                if plan.cites("memory", said) or shelf.store.evidence(owner, "memory", said):
+                    plan.cite("memory", said, confirmed, said_at)
+            elif plan.cites("fact", confirmed.key) or shelf.store.evidence(owner, "fact", confirmed.key):
+                plan.cite("fact", confirmed.key, confirmed, said_at, SAID_AGAIN)  # it taught no value
         shelf.store.add_evidence(owner, plan.evidence)
         if plan.thread is not None and plan.mark is not None:
             shelf.store.set_learn_mark(owner, plan.thread, plan.mark, now)
@@ -294,7 +307,7 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
     facts = shelf.facts(owner)  # read once: what the extractor is shown is what the decisions are checked against
     known = known_for(shelf, owner, turns, facts) if turns else Known()
     proposals = propose(chosen, turns, known)
-    decider = Decider(shelf, owner, turns, facts)
+    decider = Decider(shelf, owner, turns, facts, known)
     decided = [decider.decide(p) for p in proposals]
     read = logged[:MAX_TURNS]
     if not dry_run and (read or any(p.op != "skip" for p in decided)):
