@@ -53,6 +53,16 @@ class Flaky(Extractor):
         return resolve_extractor("rules").propose(turns, known)
 
 
+class ReadsEveryRole(Extractor):
+    """An extractor that proposes home_city from each turn's "I live in X." whoever said it."""
+
+    name = "reads-every-role"
+
+    def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+        return [Proposal("set_fact", "mined", (t.id,), key="home_city", value=t.content.split(" in ")[-1].rstrip("."))
+                for t in turns if " in " in t.content and t.id is not None]
+
+
 def records(shelf: Shelf, owner: Owner = KALEB) -> list[dict]:
     return list(shelf.export(owner))
 
@@ -361,6 +371,18 @@ def test_a_long_thread_is_learned_in_parts(shelf, monkeypatch):
     assert len(first.messages) == 2 and first.more and fact(shelf, "home_city") == "Braga"
     rest = shelf.learn(KALEB, thread="t1")
     assert len(rest.messages) == 1 and not rest.more and fact(shelf, "home_city") == "Faro"
+
+
+def test_a_proposal_that_cites_no_turn_of_the_users_is_skipped(shelf, clock):
+    """Only the user's own turns teach: the model extractors refuse other evidence themselves, but a proposal of a
+    custom extractor citing the assistant's turn ("You live in Paris.") was applied."""
+    shelf.log_message(KALEB, "t1", "assistant", "You live in Paris.")
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    plan = shelf.learn(KALEB, thread="t1", extractor=ReadsEveryRole())
+    assert [(p.op, p.value) for p in plan.proposals] == [("skip", "Paris"), ("set_fact", "Porto")]
+    assert "none of the user's own turns" in plan.proposals[0].reason
+    assert fact(shelf, "home_city") == "Porto" and [c.value for c in shelf.fact_history(KALEB, "home_city")] == [
+        "Porto"]
 
 
 def test_forget_thread_with_cascade_takes_only_what_came_only_from_it(shelf, clock):

@@ -124,6 +124,8 @@ class Decider:
                  known: Known | None = None) -> None:
         self.shelf, self.owner = shelf, owner
         self.said_at: dict[str, datetime | None] = {t.id: t.at for t in turns if t.id is not None}
+        self.users_own = {t.id for t in turns if t.id is not None and t.role == "user"}
+        """The turns that can teach: the user's own (assistant, tool and system turns are context)."""
         self.facts = {fact.key: fact for fact in facts}
         self.remembered = {} if known is None else {
             content.casefold(): ident for content, ident in zip(known.memories, known.memory_ids)}
@@ -144,6 +146,9 @@ class Decider:
         strange = [ident for ident in proposal.evidence if ident not in self.said_at]
         if strange:
             return _skip(proposal, f"its evidence names messages not read in this call: {', '.join(strange)}")
+        if proposal.evidence and not any(ident in self.users_own for ident in proposal.evidence):
+            return _skip(proposal, "its evidence holds none of the user's own turns (assistant, tool and system turns "
+                                   "are context, never evidence about the user)")
         worth = self.shelf.sources.confidence(proposal.source)
         at = max((t for t in (self.said_at.get(i) for i in proposal.evidence) if t is not None), default=None)
         proposal = replace(proposal, at=at)
