@@ -31,7 +31,8 @@ from .errors import (ConfigError, Conflict, DimensionMismatch, EmbedderError, Em
                      ExtractorUnavailable, InvalidInput, MemshelfError, NotFound, StoreError, StoreUnavailable,
                      UnknownSource)
 from .learning.base import Plan, Turn
-from .model import MAX_SEARCH_LIMIT, Fact, FactChange, Hit, Memory, Message, Owner, SearchResult, UserSummary
+from .model import (MAX_CONTENT_CHARS, MAX_SEARCH_LIMIT, Fact, FactChange, Hit, Memory, Message, Owner, SearchResult,
+                    UserSummary)
 from .stores.base import ApiKey, Erased, Evidence
 
 __all__ = ["MAX_BATCH", "AsyncClient", "Client"]
@@ -103,11 +104,11 @@ def _batches(kind: str, items: Iterable[dict[str, Any]]) -> list[list[dict[str, 
     shorter than what is sent."""
     measured = []
     for number, item in enumerate(items, 1):
-        length = len(json.dumps(item)) + 2
+        length = _json_size(item)
         if length > _ROOM:
             raise InvalidInput(f"{kind} {number} is {length:,} bytes as JSON, more than one request carries "
-                               f"({_ROOM:,}) and than the server takes (content is at most 16,000 characters): "
-                               f"split its text into several; nothing was sent")
+                               f"({_ROOM:,}) and than the server takes (content is at most {MAX_CONTENT_CHARS:,} "
+                               "characters): split its text into several; nothing was sent")
         measured.append(([item], length))
     return _packed(measured)
 
@@ -116,7 +117,12 @@ def whole_groups(groups: Iterable[Sequence[dict[str, Any]]]) -> list[list[dict[s
     """Consecutive groups of records (an Agents item's messages) packed into lists that each fit one request of
     remember_many or log_messages, so no group is split between two requests; a group too big for one request is a
     list of its own, which the Client then sends in several."""
-    return _packed((list(group), sum(len(json.dumps(record)) + 2 for record in group)) for group in groups)
+    return _packed((list(group), sum(map(_json_size, group))) for group in groups)
+
+
+def _json_size(record: dict[str, Any]) -> int:
+    """A record's bytes in a request's list: its ASCII-escaped JSON, never shorter than what is sent, and a comma."""
+    return len(json.dumps(record)) + 2
 
 
 def _packed(groups: Iterable[tuple[list[dict[str, Any]], int]]) -> list[list[dict[str, Any]]]:

@@ -73,9 +73,9 @@ def _utf8(raw_path: bytes, query: bytes) -> bool:
     """Whether the path and query decode as UTF-8. The server reads bytes that do not as U+FFFD, so "a%FF" and
     "a%FE" were one user, and a client that encodes Latin-1 ("Zo%EB") would merge every name it cannot spell."""
     try:
-        for part in (raw_path, query.replace(b"+", b" ")):
+        for part in (raw_path, query):
             if b"%" in part:
-                unquote_to_bytes(part).decode("utf-8")
+                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
     except UnicodeDecodeError:
         return False
     return True

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import DimensionMismatch, InvalidInput, MemshelfError, StoreError, StoreUnavailable
 from ..keywords import is_prefix
-from ..model import MAX_CONFIDENCE, Memory, NewMemory, Owner
+from ..model import EARLIEST, MAX_CONFIDENCE, Memory, NewMemory, Owner
 from .._vectors import CACHE_ENV, VectorCache, VectorMatrix, cache_limit_bytes, normalize, top_k
 from .base import BACKFILL_ADVICE, CONTEXT_TURNS, CURRENT, Pending, Scored, View, digest, observe_again
 from .sql_records import (MEMORY_COLUMNS, MEMORY_CONFIDENCE, MEMORY_WIDTH, SQLRecords, Statements, earlier_turns,
@@ -176,7 +176,7 @@ RESAVE_GROWTH = 1.25
 """An owner's vector file is written again when its matrix has grown by this factor since the file was written."""
 
 
-_UNTIL = f"CASE WHEN m.superseded_at IS NULL THEN m.expires_at ELSE '{ts(datetime(1970, 1, 1, tzinfo=UTC))}' END"
+_UNTIL = f"CASE WHEN m.superseded_at IS NULL THEN m.expires_at ELSE '{ts(EARLIEST)}' END"
 """When a memory (alias m) leaves current searches (the cached matrix's expiry of a row): its expiry, and a
 superseded memory has left them, whenever it was superseded. Its supersession time was taken instead, which a clock
 ahead of this one (another process's, or an import's within MAX_CLOCK_SKEW) put in the future: the row kept a place
