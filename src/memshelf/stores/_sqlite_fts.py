@@ -164,7 +164,7 @@ class TenantIndexes:
         if migrating:
             return words, context
         if SECURE_DELETE:
-            self._in_place(words, context, on=True)
+            self._in_place(words, context, True)
         self._q("UPDATE fts_tenants SET secure = ?, rows = (SELECT coalesce(sum(memories), 0) FROM owner_generation"
                 " WHERE tenant = ?) WHERE tenant = ?", (int(SECURE_DELETE), tenant, tenant))
         return words, context
@@ -180,10 +180,13 @@ class TenantIndexes:
         return None if row is None else (row[0], row[1], row[2] or 0, row[3],
                                          MAX_CONFIDENCE if row[4] is None else row[4])
 
-    def _in_place(self, *names: str, on: bool) -> None:
-        """Turn FTS5's secure-delete on or off for a tenant's tables (stored in the tables' own settings)."""
-        for name in names:
-            self._q(f"INSERT INTO {name} ({name}, rank) VALUES ('secure-delete', ?)", (int(on),))
+    def _in_place(self, words: str, context: str, on: bool) -> None:
+        """Turn FTS5's secure-delete on or off for a tenant's pair (stored in the tables' own settings)."""
+        for name in (words, context):
+            self._secure_delete(name, on)
+
+    def _secure_delete(self, name: str, on: bool) -> None:
+        self._q(f"INSERT INTO {name} ({name}, rank) VALUES ('secure-delete', ?)", (int(on),))
 
     def _fill(self, tenant: str, words: str, context: str) -> None:
         """Index every row the tenant has (the tables must hold none of them yet)."""
@@ -251,9 +254,9 @@ class TenantIndexes:
             words, ctx, secure, tenant_rows = found
             in_place = secure and SECURE_DELETE and len(doomed) <= max(IN_PLACE_MIN, tenant_rows // IN_PLACE_SHARE)
             if in_place:
-                self._in_place(words, ctx, on=True)  # as the column says, whatever was done to the tables' settings
+                self._in_place(words, ctx, True)  # as the column says, whatever was done to the tables' settings
             elif secure:
-                self._in_place(words, ctx, on=False)
+                self._in_place(words, ctx, False)
                 self._q("UPDATE fts_tenants SET secure = 0 WHERE tenant = ?", (tenant,))
             for _tenant, pk, topic, content, tag, context in doomed:
                 topic, content, context = _indexed(topic, content, context)
@@ -276,11 +279,11 @@ class TenantIndexes:
         topic, content, old, new = _indexed(topic, content, old, new)
         switched = SECURE_DELETE and not secure
         if switched:
-            self._in_place(ctx, on=True)
+            self._secure_delete(ctx, True)
         self._q(f"INSERT INTO {ctx} ({ctx}, rowid, topic, content, owner_tag, context)"
                 " VALUES ('delete', ?, ?, ?, ?, ?)", (pk, topic, content, tag, old))
         if switched:
-            self._in_place(ctx, on=False)
+            self._secure_delete(ctx, False)
         self._q(f"INSERT INTO {ctx} (rowid, topic, content, owner_tag, context) VALUES (?, ?, ?, ?, ?)",
                 (pk, topic, content, tag, new))
 
@@ -308,7 +311,7 @@ class TenantIndexes:
                     self._q(f"INSERT INTO {name} ({name}) VALUES ('optimize')")
                 self._q("UPDATE fts_tenants SET merges = merges + 1 WHERE tenant = ?", (tenant,))
             if SECURE_DELETE:
-                self._in_place(row[0], row[1], on=True)
+                self._in_place(row[0], row[1], True)
                 self._q("UPDATE fts_tenants SET secure = 1 WHERE tenant = ?", (tenant,))
 
     def readable(self) -> None:
