@@ -71,6 +71,10 @@ def fact(shelf: Shelf, key: str, owner: Owner = KALEB) -> str | None:
     return next((f.value for f in shelf.facts(owner) if f.key == key), None)
 
 
+def fact_at(shelf: Shelf, key: str) -> datetime:
+    return shelf.get_fact(KALEB, key).updated_at
+
+
 def test_a_conversation_learned_shows_in_search_context_and_prompt(shelf):
     shelf.log_message(KALEB, "t1", "user", "Hi! I live in Porto and I'm allergic to peanuts.")
     shelf.log_message(KALEB, "t1", "assistant", "Noted. I live in the cloud.")  # the assistant's words: not the user's
@@ -470,19 +474,78 @@ def test_forget_thread_with_cascade_keeps_what_the_caller_set(shelf, clock):
     assert exported == []  # the evidence went with the threads
 
 
-def test_a_thread_that_only_said_a_fact_again_takes_nothing_with_it(shelf, clock):
-    """Evidence of a value said again (SAID_AGAIN) taught nothing: forgetting that thread with cascade erases no
-    value (before, such evidence looked as old as evidence without set_at, and the whole fact went)."""
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_a_fact_said_again_in_another_thread_stays_until_both_are_forgotten(shelf, clock, first):
+    """A value taught in one thread and said again in another is held by both: forgetting either leaves it, and
+    forgetting the other then takes it, and the value before it comes back. (The second thread's evidence named no
+    value, so once the first was forgotten the value stayed for good, with no evidence left.)"""
     shelf.set_fact(KALEB, "home_city", "Lisbon", "mined")
     clock.advance(60)
     shelf.log_message(KALEB, "a", "user", "I live in Porto.")
     shelf.learn(KALEB, thread="a")
+    clock.advance(60)
+    shelf.log_message(KALEB, "b", "user", "I live in Porto.")
+    assert [p.reason for p in shelf.learn(KALEB, thread="b").proposals] == ["home_city is already 'Porto'"]
+    assert [e.set_at for e in shelf.evidence(KALEB, key="home_city")] == [fact_at(shelf, "home_city")] * 2
+
+    kept = shelf.forget_thread(KALEB, first, cascade=True)
+    assert (kept.facts, kept.fact_changes) == (0, 0) and fact(shelf, "home_city") == "Porto"
+    erased = shelf.forget_thread(KALEB, {"a": "b", "b": "a"}[first], cascade=True)
+    assert (erased.facts, erased.fact_changes) == (0, 1)
+    assert fact(shelf, "home_city") == "Lisbon" and shelf.evidence(KALEB, key="home_city") == []
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Lisbon"]
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_values_two_threads_taught_go_with_their_threads(shelf, clock, first):
+    """Thread a taught Porto, thread b then taught Faro: forgetting a takes Porto from the history (before, the key
+    had evidence in b and nothing of a's went, so forgetting b next brought a's Porto back as the current value)."""
+    shelf.log_message(KALEB, "a", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="a")
+    clock.advance(60)
+    shelf.log_message(KALEB, "b", "user", "I live in Faro.")
+    shelf.learn(KALEB, thread="b")
+
+    shelf.forget_thread(KALEB, first, cascade=True)
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == [{"a": "Faro", "b": "Porto"}[first]]
+    assert fact(shelf, "home_city") == {"a": "Faro", "b": "Porto"}[first]
+    erased = shelf.forget_thread(KALEB, {"a": "b", "b": "a"}[first], cascade=True)
+    assert (erased.facts, erased.fact_changes) == (1, 1)
+    assert fact(shelf, "home_city") is None and shelf.fact_history(KALEB, "home_city") == []
+    assert shelf.evidence(KALEB, key="home_city") == []
+
+
+def test_a_value_the_caller_set_and_a_thread_said_again_stays_the_callers(shelf, clock):
+    """The caller set the value; a thread that says it again is no evidence of it, so forgetting the thread with
+    cascade leaves it, even when the key has evidence of an older learned value."""
+    shelf.log_message(KALEB, "a", "user", "I live in Faro.")
+    shelf.learn(KALEB, thread="a")
+    clock.advance(60)
+    shelf.set_fact(KALEB, "home_city", "Porto")
+    clock.advance(60)
     shelf.log_message(KALEB, "b", "user", "I live in Porto.")
     shelf.learn(KALEB, thread="b")
-    assert shelf.forget_thread(KALEB, "a", cascade=True).facts == 0  # b still says it
-    erased = shelf.forget_thread(KALEB, "b", cascade=True)
-    assert (erased.facts, erased.fact_changes) == (0, 0)
-    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Lisbon", "Porto"]
+    assert [e.thread for e in shelf.evidence(KALEB, key="home_city")] == ["a"]
+
+    for thread in ("b", "a"):
+        shelf.forget_thread(KALEB, thread, cascade=True)
+    assert fact(shelf, "home_city") == "Porto"
+    assert [(c.value, c.source) for c in shelf.fact_history(KALEB, "home_city")] == [("Porto", "stated")]
+
+
+def test_evidence_that_names_no_value_keeps_the_fact_for_its_thread(shelf, backend, target, clock):
+    """Evidence written before memshelf kept which value it taught (set_at NULL), or a value said again before it
+    named the value (SAID_AGAIN): in another thread it may hold any value, so forgetting a thread that taught one
+    erases nothing of the key, as before."""
+    shelf.log_message(KALEB, "a", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="a")
+    shelf.log_message(KALEB, "b", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="b")
+    _run_sql(backend, target, "UPDATE learned_from SET set_at = NULL WHERE thread = 'b'")
+    assert shelf.forget_thread(KALEB, "a", cascade=True).fact_changes == 0
+    assert fact(shelf, "home_city") == "Porto"
+    erased = shelf.forget_thread(KALEB, "b", cascade=True)  # the old rule: the fact goes whole with its last thread
+    assert erased.facts == 1 and shelf.fact_history(KALEB, "home_city") == []
 
 
 def test_forget_user_leaves_nothing_learned_behind(shelf):

@@ -770,10 +770,10 @@ class Shelf:
 
     def forget_thread(self, owner: Owner, thread: str, *, cascade: bool = False) -> Erased:
         """Erase a thread: its messages and its learning watermark. With cascade, also what was learned only from
-        it: memories whose every evidence message is in this thread, and the values it taught facts whose every
-        evidence message is (a value the caller set stays, and becomes current again if a taught one had replaced
-        it; so does a memory that an erased one had superseded). A record with evidence in another thread, or none
-        (written by the caller), stays."""
+        it: memories whose every evidence message is in this thread, and fact values that only its evidence names
+        (a value the caller set stays, and becomes current again if a taught one had replaced it; so does a memory
+        that an erased one had superseded). A memory or value with evidence in another thread, or none (written by
+        the caller), stays."""
         thread = check_text("thread", thread, MAX_TOPIC_CHARS)
         owner = _check_owner(owner)
         if "outranks" in inspect.signature(self.store.forget_thread).parameters:

@@ -23,7 +23,7 @@ from ..errors import ExtractorError, InvalidInput, MemshelfError
 from ..exports import MAX_CLOCK_SKEW
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
                      Owner, check_role, check_text, check_topic)
-from ..stores.base import SAID_AGAIN, Evidence, Mark
+from ..stores.base import Evidence, Mark
 from .base import Extractor, Known, Plan, Proposal, Turn, resolve_extractor
 from .dates import resolve_dates
 
@@ -262,17 +262,31 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
                 done.append(_remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan, said_at))
             else:
                 done.append(proposal)
+        current = {fact.key: fact for fact in shelf.store.facts(owner)} if decider.confirmed else {}
         for confirmed in decider.confirmed:  # a record the caller wrote (no evidence) stays the caller's
             if confirmed.key is None:
                 said = confirmed.record or ""
                 if plan.cites("memory", said) or shelf.store.evidence(owner, "memory", said):
                     plan.cite("memory", said, confirmed, said_at)
-            elif plan.cites("fact", confirmed.key) or shelf.store.evidence(owner, "fact", confirmed.key):
-                plan.cite("fact", confirmed.key, confirmed, said_at, SAID_AGAIN)  # it taught no value
+            elif (held := current.get(confirmed.key)) is not None and held.value == confirmed.value:
+                for set_at in _learned_value(shelf, owner, held, plan):
+                    plan.cite("fact", held.key, confirmed, said_at, set_at)
         shelf.store.add_evidence(owner, plan.evidence)
         if plan.thread is not None and plan.mark is not None:
             shelf.store.set_learn_mark(owner, plan.thread, plan.mark, now)
     return done
+
+
+def _learned_value(shelf: Shelf, owner: Owner, fact: Fact, plan: Application) -> list[datetime | None]:
+    """What evidence of a fact said again names: the value it holds, when learning taught that value (evidence
+    names its set_at), so the value stays while any thread that says it does and goes with the last of them. A
+    value the caller set is named by no evidence and stays the caller's: nothing. A key whose evidence was written
+    before memshelf kept set_at names no value (None), as that evidence does."""
+    named = [e.set_at for e in (*plan.evidence, *shelf.store.evidence(owner, "fact", fact.key))
+             if e.kind == "fact" and e.record == fact.key]
+    if fact.updated_at in named:
+        return [fact.updated_at]
+    return [None] if None in named else []
 
 
 def _remembered(shelf: Shelf, owner: Owner, proposal: Proposal, memory: Memory, now: datetime, plan: Application,

@@ -161,13 +161,14 @@ class Evidence:
     thread: str | None
     said_at: datetime | None
     set_at: datetime | None = None
-    """For a fact: when learning wrote the value this message taught (the set_at of that history row), so that
-    forgetting the thread takes that value and no other; SAID_AGAIN when the message only said the value the fact
-    had (it taught nothing); None for a memory, and for evidence written before memshelf kept it."""
+    """For a fact: the set_at of the history row holding the value this message taught, or said again when
+    learning had taught it, so that forgetting the thread takes that value (once no other thread's evidence names
+    it) and no other; None for a memory, and for evidence written before memshelf kept it."""
 
 
 SAID_AGAIN = datetime(1970, 1, 1, tzinfo=UTC)
-"""Evidence.set_at of a message that said a fact's value again: no history row is that old (model.EARLIEST)."""
+"""Evidence.set_at that older versions wrote for a message that said a fact's value again, naming no value (no
+history row is that old: model.EARLIEST). Such rows are still read: in another thread, they keep every value."""
 
 
 @dataclass(frozen=True, slots=True)

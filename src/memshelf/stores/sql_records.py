@@ -466,21 +466,26 @@ class SQLRecords(Store):
 
     def _forget_learned_fact(self, db: Statements, owner: Owner, thread: str, key: str,
                              outranks: Callable[[str, str], bool] | None) -> tuple[int, int, int]:
-        """Erase the values of fact `key` that the thread taught (the history rows its evidence names by set_at),
-        and its current value if it is one of them: the fact then holds what its remaining history gives, replayed
-        by time with set_fact's rule, or goes when none remains. A value the caller set, before or after, stays.
-        Evidence from before set_at was kept names no value: then the fact goes whole, as it used to. (A message
-        that only said the value the fact had names SAID_AGAIN: it taught nothing, and nothing goes for it.)
+        """Erase the values of fact `key` that only the thread's evidence names (history rows, by set_at: a value
+        another thread taught or said again stays with it), and its current value if it is one of them: the fact
+        then holds what its remaining history gives, replayed by time with set_fact's rule, or goes when none
+        remains. A value the caller set, before or after, stays. Evidence written before set_at was kept (None) or
+        that said a value again without naming it (SAID_AGAIN) names no value: in the thread, the fact goes whole
+        when no other thread has evidence of it; in another thread, it may hold any value, and nothing goes.
         Returns (facts rows deleted, history rows deleted, facts rows rewritten)."""
         params = (owner.tenant, owner.user, key)
-        named = [row[0] for row in db.execute(self._sql(
-            f"SELECT set_at FROM learned_from WHERE {_USER} AND kind = 'fact' AND record = ? AND thread = ?"),
-            (*params, thread)).fetchall()]
-        if all(when is None for when in named):
+        cited = db.execute(self._sql(f"SELECT thread, set_at FROM learned_from WHERE {_USER} AND kind = 'fact'"
+                                     " AND record = ?"), params).fetchall()
+        here = {row[1] for row in cited if row[0] == thread}
+        elsewhere = {row[1] for row in cited if row[0] != thread}
+        unnamed = {None, self._time_in(SAID_AGAIN)}
+        if elsewhere & unnamed or (here <= {None} and elsewhere):
+            return 0, 0, 0
+        if here <= {None}:
             gone = [db.execute(self._sql(f"DELETE FROM {table} WHERE {_USER} AND key = ?"), params).rowcount
                     for table in ("facts", "fact_history")]
             return gone[0], gone[1], 0
-        taught = {when for when in named if when is not None} - {self._time_in(SAID_AGAIN)}
+        taught = here - unnamed - elsewhere
         history = db.execute(self._sql(f"SELECT pk, value, source, set_at FROM fact_history WHERE {_USER}"
                                        " AND key = ? ORDER BY set_at, pk"), params).fetchall()
         learned = [row[0] for row in history if row[3] in taught]
@@ -500,13 +505,15 @@ class SQLRecords(Store):
                    (held[1], held[2], held[3], *params))
         return 0, len(learned), 1
 
-    def _learned_only_from(self, db: Statements, owner: Owner, thread: str, kind: str) -> list[str]:
-        """The records of a kind whose every evidence row points into the thread."""
-        rows = db.execute(self._sql(
-            f"SELECT DISTINCT record FROM learned_from WHERE {_USER} AND kind = ? AND thread = ? AND record NOT IN"
-            f" (SELECT o.record FROM learned_from o WHERE o.tenant = ? AND o.user_id = ? AND o.kind = ?"
-            " AND (o.thread IS NULL OR o.thread <> ?)) ORDER BY record"),
-            (owner.tenant, owner.user, kind, thread, owner.tenant, owner.user, kind, thread)).fetchall()
+    def _learned_in(self, db: Statements, owner: Owner, thread: str, kind: str, only: bool) -> list[str]:
+        """The records of a kind with evidence in the thread; with only, those whose every evidence row is there."""
+        query = f"SELECT DISTINCT record FROM learned_from WHERE {_USER} AND kind = ? AND thread = ?"
+        params: tuple = (owner.tenant, owner.user, kind, thread)
+        if only:
+            query += (" AND record NOT IN (SELECT o.record FROM learned_from o WHERE o.tenant = ? AND o.user_id = ?"
+                      " AND o.kind = ? AND (o.thread IS NULL OR o.thread <> ?))")
+            params += params
+        rows = db.execute(self._sql(query + " ORDER BY record"), params).fetchall()
         return [r[0] for r in rows]
 
     def delete_message(self, owner: Owner, message_id: str) -> Erased:
@@ -534,18 +541,19 @@ class SQLRecords(Store):
         rewrites = 0  # facts whose current value was replaced by an older one: its old text is to be scrubbed
         with self._owner_scope(owner.tenant) as db:
             if cascade:
-                memories = self._learned_only_from(db, owner, thread, "memory")
-                facts = self._learned_only_from(db, owner, thread, "fact")
+                memories = self._learned_in(db, owner, thread, "memory", only=True)
                 self._hand_back_places(db, owner, memories)
                 counts["memories"], touched = self._delete_memories(db, owner, memories) if memories else (0, set())
                 counts["facts"] = counts["fact_history"] = 0
-                for key in facts:
+                emptied = []  # facts erased whole: their evidence in other threads goes too
+                for key in self._learned_in(db, owner, thread, "fact", only=False):
                     gone_fact, gone_changes, rewritten = self._forget_learned_fact(db, owner, thread, key, outranks)
                     counts["facts"] += gone_fact
                     counts["fact_history"] += gone_changes
                     rewrites += rewritten
+                    emptied += [key] if gone_fact else []
                 counts["learned_from"] = (self._drop_evidence(db, owner, "memory", memories)
-                                          + self._drop_evidence(db, owner, "fact", facts))
+                                          + self._drop_evidence(db, owner, "fact", emptied))
             for table in ("learned_from", "learn_marks", "messages"):
                 counts[table] = counts.get(table, 0) + db.execute(f"DELETE FROM {table} {user_thread}",
                                                                   params).rowcount
