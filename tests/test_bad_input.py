@@ -22,7 +22,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from memshelf import ConfigError, InvalidInput, MemshelfError, Owner, Shelf, UnknownSource
+from memshelf import ConfigError, InvalidInput, MemshelfError, Owner, Shelf, UnknownSource, model
 from memshelf.model import (LATEST, MAX_CONTENT_CHARS, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS,
                             MAX_ID_CHARS, MAX_TOPIC_CHARS, MAX_TTL)
 from memshelf.server import create_app
@@ -238,6 +238,18 @@ CASES: list[tuple[str, Call, type[MemshelfError], str]] = [
     ("import-message-year-1", lambda s, _: s.import_(KALEB, [
         {"kind": "message", "id": "msg_0123456789abcdef", "thread": "t", "role": "user", "content": "hi",
          "created_at": "0001-01-01T01:00:00+05:00"}]), InvalidInput, "out of range"),
+    # names that URLs and headers could not carry as they are
+    ("user-spaces-around", lambda s, _: s.remember(Owner("home", "kaleb "), "a", "b"), InvalidInput,
+     "user 'kaleb ' begins or ends with whitespace.*strip it: 'kaleb'"),
+    ("user-dot-dot", lambda s, _: s.facts(Owner("home", "..")), InvalidInput, "user '..' is a step in a URL's path"),
+    ("tenant-dot", lambda s, _: s.remember(Owner(".", "kaleb"), "a", "b"), InvalidInput, "tenant '.' is a step"),
+    ("fact-key-dot-dot", fact(key=".."), InvalidInput, "fact key '..' is a step in a URL's path.*another character"),
+    ("fact-key-spaces-around", fact(key="\u3000home_city"), InvalidInput, "strip it: 'home_city'"),
+    ("log-thread-dot", log(thread="."), InvalidInput, "thread '.' is a step"),
+    ("log-thread-tab-after", log(thread="t1\t"), InvalidInput, "begins or ends with whitespace"),
+    ("log-many-thread-dot-dot", lambda s, _: s.log_messages(KALEB, "..", [{"role": "user", "content": "hi"}]),
+     InvalidInput, "thread '..' is a step"),
+    ("key-tenant-spaces-around", lambda s, _: s.create_key(" home"), InvalidInput, "strip it: 'home'"),
     # API keys
     ("key-tenant-surrogate", lambda s, _: s.create_key(LONE), InvalidInput, SURROGATE_FIX),
     ("key-name-surrogate", lambda s, _: s.create_key("home", "ops" + LONE), InvalidInput,
@@ -376,6 +388,11 @@ def storable(text: str) -> bool:
     return bool(text.strip()) and "\x00" not in text and not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
 
 
+def addressable(name: str) -> bool:
+    """What a fact key (a thread, an owner) must also be: no whitespace at its ends, not "." or ".."."""
+    return name == name.strip() and name not in (".", "..")
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(topic=TEXT, content=TEXT, key=TEXT, value=TEXT, question=TEXT)
 def test_random_text_round_trips_or_is_invalid_input(shelf: Shelf, topic: str, content: str, key: str,
@@ -392,9 +409,9 @@ def test_random_text_round_trips_or_is_invalid_input(shelf: Shelf, topic: str, c
     try:
         shelf.set_fact(KALEB, key, value)
     except InvalidInput:
-        assert not (storable(key) and storable(value))
+        assert not (storable(key) and storable(value) and addressable(key))
     else:
-        assert storable(key) and storable(value)
+        assert storable(key) and storable(value) and addressable(key)
         assert shelf.get_fact(KALEB, key).value == value
     try:
         hits = shelf.search(KALEB, question)
@@ -479,6 +496,29 @@ def test_serve_leaves_the_callers_environment_as_it_was(tmp_path: Path, workers:
 
 
 # ---------------------------------------------------------------- over HTTP: 422, never 500
+def test_names_written_before_they_were_refused_are_still_read_exported_and_erased(shelf: Shelf,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    """An older memshelf took a user "bob ", a fact key ".." and a thread " t": the store still lists that owner (an
+    Owner made unchecked), and its records can be read, exported and erased by their names."""
+    with monkeypatch.context() as older:
+        older.setattr(model, "addressable", lambda kind, value: value)
+        shelf.remember(Owner("home", "bob "), "a", "a line bob's old client wrote")
+        shelf.set_fact(Owner("home", "bob "), "..", "v")
+        shelf.log_message(Owner("home", "bob "), " t", "user", "hi")
+    shelf.remember(KALEB, "a", "kaleb's own line")
+    with pytest.raises(InvalidInput, match="strip it"):
+        Owner("home", "bob ")
+
+    [bob] = [owner for owner in shelf.store.owners() if owner.user == "bob "]
+    assert [u.user for u in shelf.list_users("home", limit=1)[0]] == ["bob "]
+    assert [u.user for u in shelf.list_users("home", cursor=shelf.list_users("home", limit=1)[1])[0]] == ["kaleb"]
+    assert shelf.get_fact(bob, "..").value == "v" and [m.thread for m in shelf.messages(bob, " t")] == [" t"]
+    assert {r["kind"] for r in shelf.export(bob)} == {"memshelf-export", "memory", "fact", "fact_change", "message"}
+    assert shelf.forget_fact(bob, "..").facts == 1 and shelf.forget_thread(bob, " t").messages == 1
+    assert shelf.forget_user(bob).memories == 1
+    assert [o.user for o in shelf.store.owners()] == ["kaleb"]
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory):
     db = tmp_path_factory.mktemp("bad-input") / "memshelf.db"

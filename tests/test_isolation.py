@@ -68,7 +68,8 @@ def populations(draw: st.DrawFn) -> list[Owner]:
     tenants, users = names(2), names(3)
     if len(tenants) == len(users) == 1:
         users.append(draw(tricky_names().filter(lambda name: name != users[0])))
-    pairs = [Owner(tenant, user) for tenant in tenants for user in users]
+    # Owner.stored: names with spaces at the ends, refused when made now, may be in a store from before.
+    pairs = [Owner.stored(tenant, user) for tenant in tenants for user in users]
     return draw(st.lists(st.sampled_from(pairs), min_size=2, max_size=4, unique=True))
 
 
@@ -236,7 +237,7 @@ def everyone_writes_then_one_leaves(count: int) -> list[Op]:
     return [*writes, Op("forget", 0, (1,)), Op("search", 0, ("printer",)), Op("forget_user", 0)]
 
 
-LOOK_ALIKES = [Owner("acme", "bob"), Owner("acme", "Bob"), Owner("acme", "bob "), Owner("Acme", "bob")]
+LOOK_ALIKES = [Owner("acme", "bob"), Owner("acme", "Bob"), Owner.stored("acme", "bob "), Owner("Acme", "bob")]
 WILDCARDS = [Owner("a%", "u_"), Owner("ab", "ux"), Owner("a_", "u%"), Owner("a", "u")]
 
 

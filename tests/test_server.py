@@ -770,9 +770,10 @@ def test_the_schemas_text_rules_are_memshelfs() -> None:
 
     rules = [(TEXT, lambda v: check_text("t", v)), (IDENTIFIER, lambda v: Owner("t", v)),
              (NOT_BLANK, lambda v: Shelf._check_id(v))]
-    for character in [chr(n) for n in range(0x3100)] + ["\ufeff", "\U0001f600"]:
+    names = [" a", "a\u3000", "a b", ".", "..", "...", ".a", "a.", "a..b", "\t"]
+    for value in [chr(n) for n in range(0x3100)] + ["\ufeff", "\U0001f600"] + names:
         for rule, check in rules:
-            assert bool(re.search(rule["pattern"], character)) == accepts(check, character), (rule, character)
+            assert bool(re.search(rule["pattern"], value)) == accepts(check, value), (rule, value)
 
 
 def test_oversized_body_is_413(acme: httpx.Client) -> None:

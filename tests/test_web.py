@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memshelf import Memory, Owner, Shelf
+from memshelf import Memory, Owner, Shelf, model
 from test_server import free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -409,6 +409,31 @@ def test_facts_show_their_history_and_are_corrected_or_deleted(page: Any, served
     with Shelf.open(served.db, embedder=None) as shelf:
         assert [f.key for f in shelf.facts(owner)] == ["home_city"]
     assert page.locator("#fact-rows tr").count() == 1
+
+
+def test_a_fact_named_dot_dot_is_never_asked_for_so_its_user_stays(page: Any, served: Served,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A browser reads "..", even escaped, as the folder above: deleting a fact so named (kept from before memshelf
+    refused the name) would have sent DELETE /v1/users/{user} and erased the whole user. The page says why it will
+    not, and sends nothing."""
+    seed(served, USER, ("network", PRINTER))
+    owner = Owner(TENANT, USER)
+    with monkeypatch.context() as older, Shelf.open(served.db, embedder=None) as shelf:
+        older.setattr(model, "addressable", lambda kind, value: value)
+        shelf.set_fact(owner, "..", "a key an older version took")
+    open_as(page, served, USER)
+    show_memories(page, 1)
+    page.get_by_role("tab", name="Facts").click()
+    status(page).get_by_text("1 fact, most recently set first").wait_for()
+    asked = answer_dialogs(page, accept=True)
+    page.get_by_role("button", name="Delete ..").click()
+    status(page).get_by_text("A browser cannot ask for “..”: URLs read it as a step in their path.").wait_for()
+    shot(page, "fact-dot-dot")
+    assert len(asked) == 1
+    with Shelf.open(served.db, embedder=None) as shelf:
+        assert [m.content for m in shelf.list_memories(owner)[0]] == [PRINTER]
+        assert [f.key for f in shelf.facts(owner)] == [".."]
+        shelf.forget_fact(owner, "..")
 
 
 def test_messages_by_thread_link_to_what_was_learned_from_them(page: Any, served: Served) -> None:

@@ -68,6 +68,20 @@ def check_tenant(tenant: object) -> str:
     return _check_identifier("tenant", tenant)
 
 
+def addressable(kind: str, value: str) -> str:
+    """A name that URLs carry as a path segment, or headers as a value (owners, threads, fact keys): no whitespace
+    at either end, which HTTP headers and the inspector trim (so "bob " would be "bob" there), and not "." or "..",
+    which URLs read as steps in the path (no browser can name such a record, and a request for it reaches the
+    record above). Owners are refused when made; threads and fact keys when written."""
+    if value != value.strip():
+        raise InvalidInput(f"{kind} {value!r} begins or ends with whitespace, which HTTP headers and the inspector "
+                           f"trim, so it would name another {kind} there", f"strip it: {value.strip()!r}")
+    if value in (".", ".."):
+        raise InvalidInput(f"{kind} {value!r} is a step in a URL's path ('.' stays, '..' goes up), so no URL names it",
+                           "choose a name with another character in it")
+    return value
+
+
 def check_filter(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str | None:
     """Text a filter looks for inside identifiers (None, empty or only spaces: no filter). What no identifier holds
     is refused as an identifier is: control characters, more characters than the longest identifier."""
@@ -96,8 +110,17 @@ class Owner:
     user: str
 
     def __post_init__(self) -> None:
-        _check_identifier("tenant", self.tenant)
-        _check_identifier("user", self.user)
+        addressable("tenant", _check_identifier("tenant", self.tenant))
+        addressable("user", _check_identifier("user", self.user))
+
+    @classmethod
+    def stored(cls, tenant: str, user: str) -> Owner:
+        """An owner read back from a store, unchecked: one written before `addressable`'s rules (a user "bob ")
+        can still be listed, exported and erased by the Owner its listing returns."""
+        owner = object.__new__(cls)
+        object.__setattr__(owner, "tenant", tenant)
+        object.__setattr__(owner, "user", user)
+        return owner
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.user}"
@@ -332,6 +355,11 @@ def check_text(kind: str, value: object, limit: int = MAX_CONTENT_CHARS) -> str:
 
 
 _SINGULAR = {"memories": "memory", "evidence": "evidence"}
+
+
+def check_name(kind: str, value: object, limit: int) -> str:
+    """A thread or fact key being written: check_text's rules and addressable's."""
+    return addressable(kind, check_text(kind, value, limit))
 
 
 def counted(number: int, plural: str) -> str:

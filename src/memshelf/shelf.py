@@ -27,9 +27,10 @@ from .keywords import search_terms
 from .learning import _decide as learning_decide
 from .learning.base import Plan, Turn
 from .model import (LATEST, MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, MODES, Fact, FactChange, Hit,
-                    Memory, Message, NewMemory, Owner, SearchResult, Sources, UserSummary, check_encodable,
-                    check_filter, check_role, check_tenant, check_text, check_topic, check_ttl, check_when, counted,
-                    missing_changes, resolve_expiry, sources_from_text, utcnow)
+                    Memory, Message, NewMemory, Owner, SearchResult, Sources, UserSummary, addressable,
+                    check_encodable, check_filter, check_identifier, check_name, check_role, check_tenant, check_text,
+                    check_topic, check_ttl, check_when, counted, missing_changes, resolve_expiry, sources_from_text,
+                    utcnow)
 from ._retrieval import Candidate, both_sides, fuse, order
 from .stores.base import ApiKey, Erased, Evidence, Listing, Position, Store, View, open_store
 from .stores.tables import exported_kinds
@@ -256,7 +257,7 @@ def _read_users_cursor(tenant: str, cursor: object) -> str | None:
     if len(fields) != 2 or fields[0] != _scope_check(tenant):
         raise refused
     try:
-        return Owner(tenant, fields[1]).user  # a user id the store can take (no NUL, no lone surrogate)
+        return check_identifier("user", fields[1])  # one the store can take (a listed user may predate addressable)
     except InvalidInput as exc:
         raise refused from exc
 
@@ -630,7 +631,7 @@ class Shelf:
         fact_history only, and the returned Fact is the unchanged current one with `outranked` set to the value
         given (`note` says so in words). A source this shelf has not declared counts as the strongest."""
         owner = _check_owner(owner)
-        key = check_text("fact key", key, MAX_FACT_KEY_CHARS)
+        key = check_name("fact key", key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", value, MAX_FACT_VALUE_CHARS)
         worth = self.sources.confidence(source)
         return self.store.set_fact(owner, key, value, source, self.now(),
@@ -671,7 +672,7 @@ class Shelf:
         """Append one conversation turn. Messages expire after the shelf's message_ttl unless ttl says otherwise;
         they are never returned as knowledge."""
         owner = _check_owner(owner)
-        thread = check_text("thread", thread, MAX_TOPIC_CHARS)
+        thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         role = check_role(role)
         content = check_text("content", content)
         now = self.now()
@@ -683,7 +684,7 @@ class Shelf:
         """Append several turns to a thread in one transaction, in order: all are kept, or none (a bad turn is
         refused before anything is written). Each turn is {"role": ..., "content": ...}; ttl as for log_message."""
         owner = _check_owner(owner)
-        thread = check_text("thread", thread, MAX_TOPIC_CHARS)
+        thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         checked = [_turn_of(number, turn) for number, turn in enumerate(_check_records("turns", turns), 1)]
         now = self.now()
         expires = self._message_expiry(ttl, now)
@@ -975,7 +976,7 @@ class Shelf:
         """Make an API key bound to `tenant` (None: an admin key). Returns the key and its secret, which is
         shown this once: only a hash of it is stored."""
         if tenant is not None:
-            check_tenant(tenant)
+            addressable("tenant", check_tenant(tenant))
         name = name or ("admin" if tenant is None else tenant)
         key = ApiKey(new_id("key"), tenant, check_text("key name", name, MAX_TOPIC_CHARS), self.now())
         secret = f"ms_{secrets.token_urlsafe(32)}"

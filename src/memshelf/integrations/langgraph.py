@@ -257,7 +257,7 @@ class ShelfStore(BaseStore):
         owners, cursor = [], None
         while True:
             page, cursor = self.shelf.list_users(tenant, limit=PAGE, cursor=cursor)
-            owners += [Owner(tenant, summary.user) for summary in page]
+            owners += [Owner.stored(tenant, summary.user) for summary in page]
             if cursor is None:
                 return owners
 

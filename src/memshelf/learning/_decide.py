@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..errors import ExtractorError, InvalidInput, MemshelfError
 from ..exports import MAX_CLOCK_SKEW
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
-                     Owner, check_role, check_text, check_topic)
+                     Owner, check_name, check_role, check_text, check_topic)
 from ..stores.base import Evidence, Mark
 from .base import Extractor, Known, Plan, Proposal, Turn, resolve_extractor
 from .dates import resolve_dates
@@ -177,7 +177,7 @@ class Decider:
             self.confirmed.append(replace(proposal, record=memory))
 
     def _fact(self, proposal: Proposal, worth: float) -> Proposal:
-        key = check_text("fact key", proposal.key, MAX_FACT_KEY_CHARS)
+        key = check_name("fact key", proposal.key, MAX_FACT_KEY_CHARS)
         value = check_text("fact value", proposal.value, MAX_FACT_VALUE_CHARS)
         current = self.facts.get(key)
         held = None if current is None else self.shelf.sources.get(current.source, 1.0)

@@ -41,8 +41,8 @@ class Strict(BaseModel):
 # are documented, not enforced, here: memshelf's own check says what is wrong in plainer words than a regex.
 _SPACE = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 """What str.strip() removes (str.isspace()); JSON Schema's \\s is ECMA-262's, another set."""
-IDENTIFIER = {"pattern": rf"^[^\x00-\x1f\x7f]*[^{_SPACE}\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"}
-"""A tenant or user: no control characters, not only spaces."""
+IDENTIFIER = {"pattern": rf"^(?!\.\.?$)[^{_SPACE}\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]*[^{_SPACE}\x00-\x1f\x7f])?$"}
+"""A tenant or user: no control characters, no spaces at either end, not "." or ".." (model.addressable)."""
 TEXT = {"pattern": rf"^[^\x00]*[^{_SPACE}\x00][^\x00]*$"}
 """Stored text (content, topic, thread, role, fact key and value): no NUL, not only spaces."""
 NO_NUL = {"pattern": r"^[^\x00]*$"}

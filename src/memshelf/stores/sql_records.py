@@ -635,7 +635,7 @@ class SQLRecords(Store):
     def owners(self) -> list[Owner]:
         with self._admin_scope(write=False) as db:
             rows = db.execute(owner_listing_sql()).fetchall()
-        return [Owner(r[0], r[1]) for r in rows]
+        return [Owner.stored(r[0], r[1]) for r in rows]
 
     def page_users(self, tenant: str, after: str | None, limit: int, contains: str | None,
                    now: datetime) -> list[UserSummary]:

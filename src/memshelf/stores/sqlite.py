@@ -666,7 +666,7 @@ class SQLiteStore(SQLRecords):
     def _recontext(self, gone: Sequence[tuple]) -> None:
         done: set[int] = set()
         for tenant, pk, topic, _content, _tag, _context, user in gone:
-            owner = Owner(tenant, user)
+            owner = Owner.stored(tenant, user)
             followers = self._q(later_turns("n.pk, n.content, n.owner_tag, n.context", "?", "?", "?", "?"),
                                 (tenant, user, topic, pk)).fetchall()
             for follower, content, tag, old in followers:
