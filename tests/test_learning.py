@@ -633,3 +633,21 @@ def test_migrate_copies_what_learning_keeps(tmp_path, target, clock):
         assert records(copy) == exported
         assert copy.get(KALEB, old.id).superseded_by is not None
         assert copy.learn(KALEB, thread="t1").messages == ()  # the watermark came along
+
+
+def test_a_value_the_caller_sets_in_the_instant_learning_set_one_stays_the_callers(shelf, clock):
+    """A clock that does not move between two calls (a coarse one; here, a test's) gave the learned value and the
+    caller's the same instant, and evidence names a value by its instant: forgetting the thread erased both, and
+    the fact with them. The second value is stamped a microsecond later."""
+    shelf.log_message(KALEB, "t", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t")
+    callers = shelf.set_fact(KALEB, "home_city", "Faro")
+    shelf.set_fact(KALEB, "employer", "Acme")
+    shelf.set_fact(KALEB, "employer", "Initech")
+
+    assert callers.updated_at == shelf.now() + timedelta(microseconds=1)
+    assert [c.set_at - shelf.now() for c in shelf.fact_history(KALEB, "employer")] == [timedelta(0),
+                                                                                        timedelta(microseconds=1)]
+    erased = shelf.forget_thread(KALEB, "t", cascade=True)
+    assert (erased.facts, erased.fact_changes) == (0, 1)
+    assert fact(shelf, "home_city") == "Faro" and [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Faro"]

@@ -255,7 +255,8 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
                                             replaces=_outranks(shelf, proposal.source))
-                plan.cite("fact", fact.key, proposal, said_at, now)  # its history row, written at `now`
+                written = fact.outranked.set_at if fact.outranked else fact.updated_at  # its history row's instant
+                plan.cite("fact", fact.key, proposal, said_at, written)
                 done.append(replace(proposal, record=fact.key))
             elif index in new:
                 memory = shelf.store.add_memories(owner, [new[index]], now)[0]

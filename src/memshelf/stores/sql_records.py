@@ -27,7 +27,7 @@ from __future__ import annotations
 import string
 from abc import abstractmethod
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol
 from collections.abc import Callable, Iterator, Sequence
 
@@ -275,9 +275,11 @@ class SQLRecords(Store):
     def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
                  replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
         """Insert the fact, or lock its current row and replace it only if `replaces` allows, so two concurrent
-        writers cannot both decide against a value neither of them saw."""
-        at = self._time_in(now)
+        writers cannot both decide against a value neither of them saw. The value is stamped `now`, or the first
+        microsecond after it that no value of the key holds (what the returned Fact, or its `outranked`, says)."""
         with self._owner_scope(owner.tenant) as db:
+            now = self._free_instant(db, owner, key, now)
+            at = self._time_in(now)
             db.execute(self._sql(_FACT_HISTORY_INSERT), (owner.tenant, owner.user, key, value, source, at))
             if db.execute(self._sql("INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
                           (owner.tenant, owner.user, key, value, source, at)).rowcount:
@@ -289,6 +291,17 @@ class SQLRecords(Store):
             db.execute(self._sql(f"UPDATE facts SET value = ?, source = ?, updated_at = ? WHERE {_USER} AND key = ?"),
                        (value, source, at, owner.tenant, owner.user, key))
         return Fact(key, value, source, now)
+
+    def _free_instant(self, db: Statements, owner: Owner, key: str, now: datetime) -> datetime:
+        """`now`, or the first microsecond after it at which no history row of the key was set. Evidence names the
+        value it taught by that instant: two values of a key set in one (a clock that does not move between calls,
+        as a coarse one may not) would be one value to forget_thread, which erased the caller's with the taught."""
+        taken = {self._time_out(row[0]) for row in db.execute(self._sql(
+            f"SELECT set_at FROM fact_history WHERE {_USER} AND key = ? AND set_at >= ?"),
+            (owner.tenant, owner.user, key, self._time_in(now))).fetchall()}
+        while now in taken:
+            now += timedelta(microseconds=1)
+        return now
 
     def facts(self, owner: Owner) -> list[Fact]:
         with self._owner_scope(owner.tenant, write=False) as db:

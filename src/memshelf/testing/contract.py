@@ -1110,7 +1110,8 @@ def test_users_are_listed_with_their_live_records_counted(shelf, clock):
     shelf.remember(Owner("home", "ghost"), "note", "Only this, and it expires.", ttl=30)
     shelf.remember(SAME_USER_OTHER_TENANT, "home", "Another tenant's Kaleb.")
     shelf.remember(Owner("other", "zoe"), "home", "Another tenant's user.")
-    kaleb_active_at = shelf.now() - timedelta(seconds=1)
+    # Kaleb's last write is the second user_name: set in the instant of the first, it is stamped a microsecond on.
+    kaleb_active_at = shelf.now() - timedelta(seconds=1) + timedelta(microseconds=1)
     clock.advance(61)  # the ttl'd memories and message have expired: ghost has nothing live left
     users, cursor = shelf.list_users("home")
     assert cursor is None
