@@ -6,6 +6,7 @@ and goes with its thread when the thread is forgotten with cascade."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from datetime import UTC, datetime, timedelta
 from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 from collections.abc import Callable, Sequence
@@ -13,8 +14,8 @@ from collections.abc import Callable, Sequence
 import pytest
 from fakes import HashEmbedder
 
-from memshelf import ExtractorError, InvalidInput, MemshelfError, Owner, Proposal, Shelf
-from memshelf.learning import Extractor, Known, Turn
+from memshelf import Conflict, ExtractorError, InvalidInput, MemshelfError, Owner, Proposal, Shelf
+from memshelf.learning import Extractor, Known, Plan, RulesExtractor, Turn
 from memshelf.learning import _decide
 from memshelf.migrate import migrate
 from memshelf.stores.sqlite import SQLiteStore
@@ -651,3 +652,51 @@ def test_a_value_the_caller_sets_in_the_instant_learning_set_one_stays_the_calle
     erased = shelf.forget_thread(KALEB, "t", cascade=True)
     assert (erased.facts, erased.fact_changes) == (0, 1)
     assert fact(shelf, "home_city") == "Faro" and [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Faro"]
+
+
+def test_two_learns_of_one_thread_at_once_apply_it_once(shelf, clock):
+    """Two callers (two workers, two processes) learn the same thread at once: both read from the same watermark,
+    and the second to apply wrote every proposal again (the memory seen twice, its evidence twice, the fact set
+    twice). The watermark is compared as it is moved: the later plan is dropped and its learn reads again, after
+    the first one's watermark, where nothing is left."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+    both_read = threading.Barrier(2)
+
+    def read_then_wait(turns: list[Turn]) -> list[Proposal]:
+        proposals = RulesExtractor().propose(turns)
+        if proposals:  # the second reading (after the other applied) finds nothing to wait for
+            both_read.wait(timeout=10)
+        return proposals
+
+    plans: list[Plan] = []
+    workers = [threading.Thread(target=lambda: plans.append(shelf.learn(KALEB, thread="t1",
+                                                                          extractor=Scripted(read_then_wait))))
+               for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=30)
+
+    assert sorted(len(plan.applied) for plan in plans) == [0, 2]
+    [memory] = shelf.list_memories(KALEB)[0]
+    assert memory.observations == 1 and len(shelf.evidence(KALEB, memory_id=memory.id)) == 1
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Porto"]
+    assert len(shelf.evidence(KALEB, key="home_city")) == 1
+
+
+def test_a_learn_that_other_learns_keep_overtaking_says_so_and_writes_nothing(shelf, clock):
+    """Each time this learn has decided, another caller has logged a turn and learned the thread: after three
+    readings it gives up with Conflict, and nothing it decided is written."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    cities = iter(["Faro", "Lisbon", "Braga"])
+
+    def overtaken(turns: list[Turn]) -> list[Proposal]:
+        shelf.learn(KALEB, thread="t1")  # what this call read, and was about to apply
+        shelf.log_message(KALEB, "t1", "user", f"I live in {next(cities)}.")  # what its next reading finds
+        return [Proposal("set_fact", "stated", (turns[-1].id,), key="employer", value="Acme")]
+
+    with pytest.raises(Conflict, match="learned from by other calls while this one decided, 3 times over: learn "
+                                       "again once they are done; nothing of this call was written"):
+        shelf.learn(KALEB, thread="t1", extractor=Scripted(overtaken))
+    assert fact(shelf, "employer") is None and fact(shelf, "home_city") == "Lisbon"
+    assert [p.value for p in shelf.learn(KALEB, thread="t1").applied] == ["Braga"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ..errors import ExtractorError, InvalidInput, MemshelfError
+from ..errors import Conflict, ExtractorError, InvalidInput, MemshelfError
 from ..exports import MAX_CLOCK_SKEW
 from ..model import (MAX_FACT_KEY_CHARS, MAX_FACT_VALUE_CHARS, MAX_TOPIC_CHARS, Fact, Memory, Message, NewMemory,
                      Owner, check_name, check_role, check_text, check_topic)
@@ -229,6 +229,7 @@ class Application:
     mark: Mark | None
     unlogged: frozenset[str] = frozenset()  # plan-local ids of turns passed in without one: never evidence rows
     evidence: list[Evidence] = field(default_factory=list)
+    was: Mark | None = None  # the watermark the plan read from: the thread's must still be there to apply it
 
     def cite(self, kind: str, record: str, proposal: Proposal, said_at: dict[str, datetime | None],
              set_at: datetime | None = None) -> None:
@@ -273,8 +274,9 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
                 for set_at in _learned_value(shelf, owner, held, plan):
                     plan.cite("fact", held.key, confirmed, said_at, set_at)
         shelf.store.add_evidence(owner, plan.evidence)
-        if plan.thread is not None and plan.mark is not None:
-            shelf.store.set_learn_mark(owner, plan.thread, plan.mark, now)
+        if plan.thread is not None and plan.mark is not None \
+                and not shelf.store.move_learn_mark(owner, plan.thread, plan.was, plan.mark, now):
+            raise _Moved()
     return done
 
 
@@ -310,10 +312,32 @@ def _remembered(shelf: Shelf, owner: Owner, proposal: Proposal, memory: Memory, 
     return proposal
 
 
+LEARN_ATTEMPTS = 3
+"""How often learn reads a thread again when other learns of it moved its watermark while it decided."""
+
+
+class _Moved(Exception):
+    """Raised inside apply's transaction, which it rolls back: the thread's watermark is not where the plan read
+    from (another learn of the thread applied meanwhile, or the thread was forgotten)."""
+
+
 def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extractor: object,
           dry_run: bool) -> Plan:
+    """Learn once; a plan whose thread another learn moved on meanwhile is dropped whole, and the thread read again
+    from where that one left it, so two learns of one thread at once never apply the same turns twice."""
     chosen = resolve_extractor(extractor)
     started = time.perf_counter()
+    for _ in range(LEARN_ATTEMPTS):
+        try:
+            return _learn(shelf, owner, messages, thread, chosen, dry_run, started)
+        except _Moved:
+            continue
+    raise Conflict(f"thread {thread!r} of {owner} was learned from by other calls while this one decided, "
+                   f"{LEARN_ATTEMPTS} times over", "learn again once they are done; nothing of this call was written")
+
+
+def _learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, chosen: Extractor, dry_run: bool,
+           started: float) -> Plan:
     mark: Mark | None = None
     logged: list[Message] = []
     unlogged: frozenset[str] = frozenset()
@@ -333,7 +357,7 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
     if not dry_run and (read or any(p.op != "skip" for p in decided)):
         moved = Mark(read[-1].id, read[-1].created_at) if read else None
         decided = apply(shelf, owner, decided, decider,
-                        Application(thread if messages is None else None, moved, unlogged))
+                        Application(thread if messages is None else None, moved, unlogged, was=mark))
         mark = moved or mark
     return Plan(str(owner), thread, extractor_name(chosen), dry_run, tuple(decided), tuple(m.id for m in read),
                 None if mark is None else mark.message_id, getattr(chosen, "usage", None),

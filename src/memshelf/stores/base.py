@@ -346,6 +346,16 @@ class RecordStore(ABC):
     @abstractmethod
     def set_learn_mark(self, owner: Owner, thread: str, mark: Mark, now: datetime) -> None: ...
 
+    def move_learn_mark(self, owner: Owner, thread: str, was: Mark | None, mark: Mark, now: datetime) -> bool:
+        """Move the thread's watermark to `mark` only if it is still `was` (None: the thread has none); whether it
+        moved. Learning moves it last in its transaction, so that of two learns of a thread read from one
+        watermark, one applies. This default reads, then writes: enough where atomic() holds the store's one write
+        lock; a backend whose transactions run side by side compares in the write itself (sql_records does)."""
+        if self.learn_mark(owner, thread) != was:
+            return False
+        self.set_learn_mark(owner, thread, mark, now)
+        return True
+
     @abstractmethod
     def messages_after(self, owner: Owner, thread: str, mark: Mark | None, limit: int,
                        now: datetime) -> list[Message]:

@@ -398,6 +398,20 @@ class SQLRecords(Store):
                        (owner.tenant, owner.user, thread, mark.message_id, self._time_in(mark.said_at),
                         self._time_in(now)))
 
+    def move_learn_mark(self, owner: Owner, thread: str, was: Mark | None, mark: Mark, now: datetime) -> bool:
+        """Compared in the write: an insert that finds a watermark, or an update that finds another one (on
+        PostgreSQL, after waiting for the transaction that wrote it), changes no row."""
+        values = (mark.message_id, self._time_in(mark.said_at), self._time_in(now))
+        with self._owner_scope(owner.tenant) as db:
+            if was is None:
+                return db.execute(self._sql("INSERT INTO learn_marks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant,"
+                                            " user_id, thread) DO NOTHING"),
+                                  (owner.tenant, owner.user, thread, *values)).rowcount == 1
+            return db.execute(self._sql(f"UPDATE learn_marks SET message_id = ?, said_at = ?, updated_at = ? WHERE"
+                                        f" {_USER} AND thread = ? AND message_id = ? AND said_at = ?"),
+                              (*values, owner.tenant, owner.user, thread, was.message_id,
+                               self._time_in(was.said_at))).rowcount == 1
+
     def messages_after(self, owner: Owner, thread: str, mark: Mark | None, limit: int,
                        now: datetime) -> list[Message]:
         """Ordered as pages are, oldest first: (created_at, row key). Messages said in the mark's own instant come
