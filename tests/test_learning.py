@@ -700,3 +700,56 @@ def test_a_learn_that_other_learns_keep_overtaking_says_so_and_writes_nothing(sh
         shelf.learn(KALEB, thread="t1", extractor=Scripted(overtaken))
     assert fact(shelf, "employer") is None and fact(shelf, "home_city") == "Lisbon"
     assert [p.value for p in shelf.learn(KALEB, thread="t1").applied] == ["Braga"]
+
+
+@pytest.mark.parametrize("learned_before", [False, True])
+def test_a_thread_forgotten_while_a_learn_decides_stays_forgotten(shelf, clock, learned_before):
+    """forget_thread runs between a learn's reading and its applying (a model extractor takes seconds): nothing the
+    learn read may come back, neither what it taught, nor evidence naming erased messages, nor a watermark."""
+    if learned_before:
+        shelf.log_message(KALEB, "t1", "user", "I work at Acme.")
+        shelf.learn(KALEB, thread="t1")
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+
+    def forgotten_meanwhile(turns: list[Turn]) -> list[Proposal]:
+        if turns:
+            shelf.forget_thread(KALEB, "t1", cascade=True)
+        return RulesExtractor().propose(turns)
+
+    plan = shelf.learn(KALEB, thread="t1", extractor=Scripted(forgotten_meanwhile))
+
+    assert not plan.applied and plan.messages == ()
+    assert shelf.facts(KALEB) == [] and shelf.list_memories(KALEB)[0] == []
+    assert shelf.evidence(KALEB) == [] and shelf.store.learn_marks(KALEB) == {}
+
+
+@pytest.mark.parametrize("erasure", ["forget_user", "forget_thread"])
+def test_an_erasure_that_starts_while_a_learn_writes_erases_what_it_wrote(shelf, clock, monkeypatch, erasure):
+    """A learn is inside its transaction, writing, when the user (or the thread, with cascade) is erased from
+    another connection. On PostgreSQL the erasure used to delete the memories and facts at once (the learn's were
+    not committed yet, so not seen) and then wait for the messages the learn held: the learned records outlived
+    the erasure. The erasure now takes the messages first, so it waits for the learn, then sees all it wrote."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. Remember that I take the 8:15 train.")
+    writing, go_on = threading.Event(), threading.Event()
+    add_evidence = shelf.store.add_evidence
+
+    def slow_evidence(owner: Owner, rows: Sequence) -> None:
+        writing.set()
+        go_on.wait(timeout=10)
+        add_evidence(owner, rows)
+
+    monkeypatch.setattr(shelf.store, "add_evidence", slow_evidence)
+    learner = threading.Thread(target=lambda: shelf.learn(KALEB, thread="t1"))
+    learner.start()
+    assert writing.wait(timeout=10)
+    erase = (lambda: shelf.forget_user(KALEB)) if erasure == "forget_user" else \
+        (lambda: shelf.forget_thread(KALEB, "t1", cascade=True))
+    eraser = threading.Thread(target=erase)
+    eraser.start()
+    eraser.join(timeout=0.5)  # it waits for the learn (the file's lock on SQLite, the messages on PostgreSQL)
+    go_on.set()
+    learner.join(timeout=30)
+    eraser.join(timeout=30)
+
+    assert shelf.facts(KALEB) == [] and shelf.list_memories(KALEB)[0] == []
+    assert shelf.evidence(KALEB) == [] and shelf.store.learn_marks(KALEB) == {} and shelf.messages(KALEB) == []

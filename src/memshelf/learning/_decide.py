@@ -230,6 +230,7 @@ class Application:
     unlogged: frozenset[str] = frozenset()  # plan-local ids of turns passed in without one: never evidence rows
     evidence: list[Evidence] = field(default_factory=list)
     was: Mark | None = None  # the watermark the plan read from: the thread's must still be there to apply it
+    read: tuple[str, ...] = ()  # the logged messages it read: each must still be there to apply it
 
     def cite(self, kind: str, record: str, proposal: Proposal, said_at: dict[str, datetime | None],
              set_at: datetime | None = None) -> None:
@@ -252,6 +253,8 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
     shelf._embed_new(owner, list(new.values()))
     done: list[Proposal] = []
     with shelf.store.atomic():
+        if plan.read and shelf.store.lock_messages(owner, plan.read) < len(plan.read):
+            raise _Moved()  # erased since they were read: what they taught must not come back
         for index, proposal in enumerate(decided):
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
@@ -357,7 +360,8 @@ def _learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, cho
     if not dry_run and (read or any(p.op != "skip" for p in decided)):
         moved = Mark(read[-1].id, read[-1].created_at) if read else None
         decided = apply(shelf, owner, decided, decider,
-                        Application(thread if messages is None else None, moved, unlogged, was=mark))
+                        Application(thread if messages is None else None, moved, unlogged, was=mark,
+                                    read=tuple(m.id for m in read)))
         mark = moved or mark
     return Plan(str(owner), thread, extractor_name(chosen), dry_run, tuple(decided), tuple(m.id for m in read),
                 None if mark is None else mark.message_id, getattr(chosen, "usage", None),

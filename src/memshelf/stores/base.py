@@ -346,6 +346,13 @@ class RecordStore(ABC):
     @abstractmethod
     def set_learn_mark(self, owner: Owner, thread: str, mark: Mark, now: datetime) -> None: ...
 
+    def lock_messages(self, owner: Owner, ids: Sequence[str]) -> int:
+        """How many of the owner's messages `ids` exist, each held until the transaction ends, so that erasing them
+        waits for it (learning calls it in its transaction before it writes what it learned from them, and drops its
+        plan when one is gone). This default holds nothing and counts every id: a store whose erasures could run
+        beside a learn's transaction overrides it (sql_records does)."""
+        return len(ids)
+
     def move_learn_mark(self, owner: Owner, thread: str, was: Mark | None, mark: Mark, now: datetime) -> bool:
         """Move the thread's watermark to `mark` only if it is still `was` (None: the thread has none); whether it
         moved. Learning moves it last in its transaction, so that of two learns of a thread read from one

@@ -398,6 +398,21 @@ class SQLRecords(Store):
                        (owner.tenant, owner.user, thread, mark.message_id, self._time_in(mark.said_at),
                         self._time_in(now)))
 
+    def lock_messages(self, owner: Owner, ids: Sequence[str]) -> int:
+        with self._owner_scope(owner.tenant) as db:
+            return sum(len(self._hold_messages(db, self._sql(f"{_USER} AND id IN ({marks})"),
+                                               (owner.tenant, owner.user, *chunk), always=True))
+                       for chunk, marks in _id_lists(ids))
+
+    def _hold_messages(self, db: Statements, where: str, params: tuple, always: bool = False) -> Sequence:
+        """The messages `where` selects, locked until the transaction ends where a SELECT can lock rows (LOCK_ROW):
+        an erasure takes them before anything else, so that a learn holding them (lock_messages) finishes first
+        and everything it wrote is then erased, and a learn that comes second finds them gone. Where transactions
+        hold one write lock (SQLite) there is nothing to take, and nothing is read unless `always`."""
+        if not (self.LOCK_ROW or always):
+            return []
+        return db.execute(f"SELECT pk FROM messages WHERE {where} ORDER BY pk{self.LOCK_ROW}", params).fetchall()
+
     def move_learn_mark(self, owner: Owner, thread: str, was: Mark | None, mark: Mark, now: datetime) -> bool:
         """Compared in the write: an insert that finds a watermark, or an update that finds another one (on
         PostgreSQL, after waiting for the transaction that wrote it), changes no row."""
@@ -567,6 +582,7 @@ class SQLRecords(Store):
         touched: set[str] = set()
         rewrites = 0  # facts whose current value was replaced by an older one: its old text is to be scrubbed
         with self._owner_scope(owner.tenant) as db:
+            self._hold_messages(db, self._sql(f"{_USER} AND thread = ?"), params)
             if cascade:
                 memories = self._learned_in(db, owner, thread, "memory", only=True)
                 self._hand_back_places(db, owner, memories)
@@ -638,6 +654,7 @@ class SQLRecords(Store):
         tables; the memories through the memory half, which also drops what it indexed them by."""
         where = self._sql(where)
         with self._owner_scope(tenant) as db:
+            self._hold_messages(db, where, params)
             memories, touched = self._remove_memories(db, where, params, whole_tenant)
             counts = {"memories": memories}
             for entry in record_tables():
