@@ -753,3 +753,42 @@ def test_an_erasure_that_starts_while_a_learn_writes_erases_what_it_wrote(shelf,
 
     assert shelf.facts(KALEB) == [] and shelf.list_memories(KALEB)[0] == []
     assert shelf.evidence(KALEB) == [] and shelf.store.learn_marks(KALEB) == {} and shelf.messages(KALEB) == []
+
+
+def test_a_value_set_after_a_cascade_left_a_gap_in_one_instant_still_sorts_last(shelf, clock):
+    """With a clock that does not move, values were stamped in the first free microsecond: once a cascade erased
+    the learned one in the middle, the caller's next value took its place, before the value it replaced, and as_of
+    (and a later cascade's replay) read the older one as current."""
+    shelf.set_fact(KALEB, "home_city", "Faro", "inferred")
+    shelf.log_message(KALEB, "t0", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t0")
+    shelf.set_fact(KALEB, "home_city", "Lisbon", "inferred")
+    shelf.forget_thread(KALEB, "t0", cascade=True)
+    shelf.set_fact(KALEB, "home_city", "Faro", "inferred")
+
+    history = shelf.fact_history(KALEB, "home_city")
+    assert [c.value for c in history] == ["Faro", "Lisbon", "Faro"]
+    assert [c.set_at for c in history] == sorted(c.set_at for c in history)
+    assert [f.value for f in shelf.facts(KALEB)] == ["Faro"]
+    assert [f.value for f in shelf.facts(KALEB, as_of=shelf.now() + timedelta(seconds=1))] == ["Faro"]
+
+
+def test_a_learned_successor_purged_before_its_thread_is_forgotten_leaves_no_id_behind(shelf, clock):
+    """Globex, learned in t2, superseded Acme, then expired and was purged (Acme stays closed by it: a purge is not
+    an erasure). Forgetting t2 with cascade erases what it taught, Globex included: Acme takes its place back, and
+    the purged id stayed in its superseded_by before."""
+    acme = shelf.remember(KALEB, "work", "Kaleb works at Acme.")
+    clock.advance(60)
+    shelf.log_message(KALEB, "t2", "user", "I left Acme, I work at Globex now.")
+    plan = shelf.learn(KALEB, thread="t2", extractor=Scripted(lambda turns: [Proposal(
+        "supersede", "stated", (turns[0].id,), topic="work", content="Kaleb works at Globex.", replaces=acme.id)]))
+    shelf.set_expiry(KALEB, plan.applied[0].record, ttl=60)
+    clock.advance(120)
+    shelf.purge_expired()
+    assert shelf.get(KALEB, acme.id).superseded_by == plan.applied[0].record
+
+    shelf.forget_thread(KALEB, "t2", cascade=True)
+
+    back = shelf.get(KALEB, acme.id)
+    assert (back.superseded_by, back.superseded_at) == (None, None)
+    assert [m.id for m in shelf.list_memories(KALEB)[0]] == [acme.id]

@@ -293,15 +293,15 @@ class SQLRecords(Store):
         return Fact(key, value, source, now)
 
     def _free_instant(self, db: Statements, owner: Owner, key: str, now: datetime) -> datetime:
-        """`now`, or the first microsecond after it at which no history row of the key was set. Evidence names the
-        value it taught by that instant: two values of a key set in one (a clock that does not move between calls,
-        as a coarse one may not) would be one value to forget_thread, which erased the caller's with the taught."""
-        taken = {self._time_out(row[0]) for row in db.execute(self._sql(
-            f"SELECT set_at FROM fact_history WHERE {_USER} AND key = ? AND set_at >= ?"),
-            (owner.tenant, owner.user, key, self._time_in(now))).fetchall()}
-        while now in taken:
-            now += timedelta(microseconds=1)
-        return now
+        """`now`, or a microsecond after the key's latest value when that was set at `now` or later. Evidence names
+        the value it taught by that instant: two values of a key set in one (a clock that does not move between
+        calls, as a coarse one may not) would be one value to forget_thread, which erased the caller's with the
+        taught. After the latest, not in the first free instant: a value set later must sort later in the history,
+        which as_of and a cascade replay by time."""
+        latest = db.execute(self._sql(f"SELECT max(set_at) FROM fact_history WHERE {_USER} AND key = ?"
+                                      " AND set_at >= ?"),
+                            (owner.tenant, owner.user, key, self._time_in(now))).fetchone()[0]
+        return now if latest is None else self._time_out(latest) + timedelta(microseconds=1)
 
     def facts(self, owner: Owner) -> list[Fact]:
         with self._owner_scope(owner.tenant, write=False) as db:
@@ -480,7 +480,7 @@ class SQLRecords(Store):
         closed by what closed the erased one, at that instant (a chain of erased memories is followed to its end).
         So no erased id stays in another row, and erasing a learned memory gives back the one it replaced, as a
         fact's earlier value comes back. Returns how many memories were changed."""
-        gone: dict[str, tuple[Any, Any]] = {}
+        gone: dict[str, tuple[Any, Any]] = dict.fromkeys(ids, (None, None))  # one purged already closes nothing
         replaced: list[tuple[str, str | None]] = []
         for chunk, marks in _id_lists(ids):
             gone.update((row[0], (row[1], row[2])) for row in db.execute(self._sql(
