@@ -427,7 +427,8 @@ def test_a_fact_named_dot_dot_is_never_asked_for_so_its_user_stays(page: Any, se
     status(page).get_by_text("1 fact, most recently set first").wait_for()
     asked = answer_dialogs(page, accept=True)
     page.get_by_role("button", name="Delete ..").click()
-    status(page).get_by_text("A browser cannot ask for “..”: URLs read it as a step in their path.").wait_for()
+    status(page).get_by_text("A browser cannot ask for “..”: URLs read it as a step in their path. Use the Python "
+                             "library for it").wait_for()
     shot(page, "fact-dot-dot")
     assert len(asked) == 1
     with Shelf.open(served.db, embedder=None) as shelf:
