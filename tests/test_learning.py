@@ -792,3 +792,18 @@ def test_a_learned_successor_purged_before_its_thread_is_forgotten_leaves_no_id_
     back = shelf.get(KALEB, acme.id)
     assert (back.superseded_by, back.superseded_at) == (None, None)
     assert [m.id for m in shelf.list_memories(KALEB)[0]] == [acme.id]
+
+
+def test_the_users_last_word_in_one_learn_is_the_value(shelf, clock):
+    """Porto was current; one learn reads "I live in Lisbon." then "I live in Porto.": the rules compared each
+    turn with the facts from before the call, so Porto was skipped as already current and Lisbon stayed."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t1")
+    clock.advance(60)
+    shelf.log_message(KALEB, "t2", "user", "I live in Lisbon.")
+    shelf.log_message(KALEB, "t2", "user", "Wait, I got that wrong. I live in Porto.")
+
+    plan = shelf.learn(KALEB, thread="t2")
+
+    assert [(p.op, p.value) for p in plan.proposals] == [("set_fact", "Lisbon"), ("set_fact", "Porto")]
+    assert fact(shelf, "home_city") == "Porto"

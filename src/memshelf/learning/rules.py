@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .base import Extractor, ExtractorProvider, Known, Proposal, Turn
 
@@ -400,11 +400,19 @@ class RulesExtractor(Extractor):
         self._cues = _by_cue(rules)
 
     def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+        """What the user's turns say, in order. A value proposed for a fact is what a later turn is compared with:
+        "I live in Lisbon." then "I live in Porto." when the fact was Porto proposes both, and Porto is current."""
         known = known or Known()
+        facts, sources = dict(known.facts), dict(known.fact_sources)
+        known = replace(known, facts=facts, fact_sources=sources)
         found: list[Proposal] = []
         for turn in turns:
             if turn.role == "user":
-                found.extend(self._from_turn(turn, known))
+                said = self._from_turn(turn, known)
+                found.extend(said)
+                for proposal in said:
+                    if proposal.op == "set_fact" and proposal.key is not None and proposal.value is not None:
+                        facts[proposal.key], sources[proposal.key] = proposal.value, proposal.source
         return found
 
     def _from_turn(self, turn: Turn, known: Known) -> list[Proposal]:
