@@ -807,3 +807,23 @@ def test_the_users_last_word_in_one_learn_is_the_value(shelf, clock):
 
     assert [(p.op, p.value) for p in plan.proposals] == [("set_fact", "Lisbon"), ("set_fact", "Porto")]
     assert fact(shelf, "home_city") == "Porto"
+
+
+def test_a_value_said_again_then_replaced_in_one_learn_keeps_that_threads_evidence(shelf, clock):
+    """t1 taught Porto; one learn of t2 reads "I live in Porto." then "I live in Lisbon.": t2 said Porto too, so
+    forgetting t1 leaves Porto in the history (t2's evidence only went to the value current at the end)."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t1")
+    porto_at = fact_at(shelf, "home_city")
+    clock.advance(60)
+    shelf.log_message(KALEB, "t2", "user", "I live in Porto.")
+    shelf.log_message(KALEB, "t2", "user", "We moved last week. I live in Lisbon.")
+    shelf.learn(KALEB, thread="t2")
+    assert sorted((e.thread, e.set_at == porto_at) for e in shelf.evidence(KALEB, key="home_city")) == [
+        ("t1", True), ("t2", False), ("t2", True)]
+
+    shelf.forget_thread(KALEB, "t1", cascade=True)
+
+    assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Porto", "Lisbon"]
+    assert fact(shelf, "home_city") == "Lisbon"
+    assert shelf.forget_thread(KALEB, "t2", cascade=True).facts == 1 and fact(shelf, "home_city") is None

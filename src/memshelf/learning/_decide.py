@@ -131,7 +131,11 @@ class Decider:
             content.casefold(): ident for content, ident in zip(known.memories, known.memory_ids)}
         """The memories the extractor was shown, by their text folded: what a skip "already remembered" names."""
         self.closed: set[str] = set()
-        self.confirmed: list[Proposal] = []  # facts and memories said again: more evidence, no write
+        self.confirmed: list[Proposal] = []  # memories said again: more evidence, no write
+        self.said_again: list[tuple[Proposal, Fact | int]] = []
+        """Facts said again, each with the value it said: the owner's (as read before deciding), or the n-th value
+        this plan sets for the key (n, counted from 1), whose instant is known once it is written."""
+        self.sets: dict[str, int] = {}  # how many values this plan has set, by key
 
     def decide(self, proposal: Proposal) -> Proposal:
         try:
@@ -167,12 +171,13 @@ class Decider:
         """A fact said again with the value it has, or a memory said again as it is: the messages that say it are
         its evidence too, so forgetting one of the threads that said it (cascade) leaves it to the others. (A memory
         said again in a second thread had none, and went with the first thread.)"""
-        if not proposal.evidence or any(ident not in self.said_at for ident in proposal.evidence):
+        if not proposal.evidence or any(ident not in self.said_at for ident in proposal.evidence) \
+                or not any(ident in self.users_own for ident in proposal.evidence):
             return
         if proposal.key is not None:
             current = self.facts.get(proposal.key)
             if current is not None and current.value == proposal.value:
-                self.confirmed.append(proposal)
+                self.said_again.append((proposal, self.sets.get(proposal.key) or current))
         elif proposal.content and (memory := self.remembered.get(proposal.content.casefold())) is not None:
             self.confirmed.append(replace(proposal, record=memory))
 
@@ -189,6 +194,7 @@ class Decider:
             return _skip(proposal, f"the current {key} ({current.value!r}) is {current.source}, worth {held}; a "
                                    f"value from {proposal.source} (worth {worth}) cannot replace it")
         self.facts[key] = Fact(key, value, proposal.source, proposal.at or self.shelf.now())
+        self.sets[key] = self.sets.get(key, 0) + 1
         if current is None:
             return _with(proposal, f"new fact {key}")
         if current.value == value:  # said again from a stronger source: the value stays, its source rises
@@ -252,6 +258,7 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
            for index, p in enumerate(decided) if p.op in ("remember", "supersede")}
     shelf._embed_new(owner, list(new.values()))
     done: list[Proposal] = []
+    written: dict[str, list[datetime]] = {}  # the instants of the values this plan set, by key, in order
     with shelf.store.atomic():
         if plan.read and shelf.store.lock_messages(owner, plan.read) < len(plan.read):
             raise _Moved()  # erased since they were read: what they taught must not come back
@@ -259,23 +266,28 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
                                             replaces=_outranks(shelf, proposal.source))
-                written = fact.outranked.set_at if fact.outranked else fact.updated_at  # its history row's instant
-                plan.cite("fact", fact.key, proposal, said_at, written)
+                stamp = fact.outranked.set_at if fact.outranked else fact.updated_at  # its history row's instant
+                written.setdefault(fact.key, []).append(stamp)
+                plan.cite("fact", fact.key, proposal, said_at, stamp)
                 done.append(replace(proposal, record=fact.key))
             elif index in new:
                 memory = shelf.store.add_memories(owner, [new[index]], now)[0]
                 done.append(_remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan, said_at))
             else:
                 done.append(proposal)
-        current = {fact.key: fact for fact in shelf.store.facts(owner)} if decider.confirmed else {}
         for confirmed in decider.confirmed:  # a record the caller wrote (no evidence) stays the caller's
-            if confirmed.key is None:
-                said = confirmed.record or ""
-                if plan.cites("memory", said) or shelf.store.evidence(owner, "memory", said):
-                    plan.cite("memory", said, confirmed, said_at)
-            elif (held := current.get(confirmed.key)) is not None and held.value == confirmed.value:
-                for set_at in _learned_value(shelf, owner, held, plan):
-                    plan.cite("fact", held.key, confirmed, said_at, set_at)
+            said = confirmed.record or ""
+            if plan.cites("memory", said) or shelf.store.evidence(owner, "memory", said):
+                plan.cite("memory", said, confirmed, said_at)
+        for confirmed, value in decider.said_again:
+            key = confirmed.key or ""
+            if isinstance(value, int):  # a value this plan set: learned, at the instant it was written
+                stamps = written.get(key, [])
+                if value <= len(stamps):
+                    plan.cite("fact", key, confirmed, said_at, stamps[value - 1])
+            else:
+                for set_at in _learned_value(shelf, owner, value, plan):
+                    plan.cite("fact", key, confirmed, said_at, set_at)
         shelf.store.add_evidence(owner, plan.evidence)
         if plan.thread is not None and plan.mark is not None \
                 and not shelf.store.move_learn_mark(owner, plan.thread, plan.was, plan.mark, now):
