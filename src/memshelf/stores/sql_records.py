@@ -293,15 +293,17 @@ class SQLRecords(Store):
         return Fact(key, value, source, now)
 
     def _free_instant(self, db: Statements, owner: Owner, key: str, now: datetime) -> datetime:
-        """`now`, or a microsecond after the key's latest value when that was set at `now` or later. Evidence names
-        the value it taught by that instant: two values of a key set in one (a clock that does not move between
-        calls, as a coarse one may not) would be one value to forget_thread, which erased the caller's with the
-        taught. After the latest, not in the first free instant: a value set later must sort later in the history,
-        which as_of and a cascade replay by time."""
-        latest = db.execute(self._sql(f"SELECT max(set_at) FROM fact_history WHERE {_USER} AND key = ?"
-                                      " AND set_at >= ?"),
-                            (owner.tenant, owner.user, key, self._time_in(now))).fetchone()[0]
-        return now if latest is None else self._time_out(latest) + timedelta(microseconds=1)
+        """`now`, unless a value of the key was set at that very instant (a clock that did not move between calls,
+        as a coarse one may not): then a microsecond after the key's latest value, so that the history keeps the
+        order values were set in. Evidence names the value it taught by its instant, and two values in one were
+        one value to forget_thread, which erased the caller's with the taught. An instant no value holds is kept,
+        even before later ones: an import writes values at the instants they were set."""
+        taken = [row[0] for row in db.execute(self._sql(
+            f"SELECT set_at FROM fact_history WHERE {_USER} AND key = ? AND set_at >= ?"),
+            (owner.tenant, owner.user, key, self._time_in(now))).fetchall()]
+        if self._time_in(now) not in taken:
+            return now
+        return self._time_out(max(taken)) + timedelta(microseconds=1)
 
     def facts(self, owner: Owner) -> list[Fact]:
         with self._owner_scope(owner.tenant, write=False) as db:
