@@ -827,3 +827,21 @@ def test_a_value_said_again_then_replaced_in_one_learn_keeps_that_threads_eviden
     assert [c.value for c in shelf.fact_history(KALEB, "home_city")] == ["Porto", "Lisbon"]
     assert fact(shelf, "home_city") == "Lisbon"
     assert shelf.forget_thread(KALEB, "t2", cascade=True).facts == 1 and fact(shelf, "home_city") is None
+
+
+def test_an_imported_learned_value_keeps_its_instant_and_goes_with_its_thread(shelf, clock):
+    """Kaleb's export holds home_city=Porto learned in t1; Maya holds a later guess, Faro. The import makes Porto
+    current (mined outranks inferred) at the instant it was learned, where its evidence names it, so forgetting t1
+    in Maya takes Porto and gives Faro back."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto.")
+    shelf.learn(KALEB, thread="t1")
+    learned_at = fact_at(shelf, "home_city")
+    clock.advance(60)
+    shelf.set_fact(MAYA, "home_city", "Faro", "inferred")
+
+    shelf.import_(MAYA, records(shelf))
+
+    assert sorted((c.set_at, c.value) for c in shelf.fact_history(MAYA, "home_city"))[0] == (learned_at, "Porto")
+    assert fact(shelf, "home_city", MAYA) == "Porto"
+    shelf.forget_thread(MAYA, "t1", cascade=True)
+    assert fact(shelf, "home_city", MAYA) == "Faro"
