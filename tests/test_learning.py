@@ -845,3 +845,28 @@ def test_an_imported_learned_value_keeps_its_instant_and_goes_with_its_thread(sh
     assert fact(shelf, "home_city", MAYA) == "Porto"
     shelf.forget_thread(MAYA, "t1", cascade=True)
     assert fact(shelf, "home_city", MAYA) == "Faro"
+
+
+@pytest.mark.parametrize("said", ["I live in Porto.", "Remember that I keep the spare key under the mat."])
+def test_what_a_thread_says_again_survives_the_teaching_thread_forgotten_while_it_decides(shelf, clock, said):
+    """t1 taught it, t2 says it again; t1 is forgotten (cascade) while t2's learn decides: t2's plan skipped it as
+    known and cited a value or memory that was gone, so it was lost, and t2's watermark had passed the turn. The
+    plan is dropped and t2 read again: it teaches it now."""
+    shelf.log_message(KALEB, "t1", "user", said)
+    shelf.learn(KALEB, thread="t1")
+    shelf.log_message(KALEB, "t2", "user", said)
+    forgot: list[bool] = []
+
+    class ForgetsT1Meanwhile(RulesExtractor):  # the rules, shown what is known, with a slow model's window
+        def propose(self, turns: Sequence[Turn], known: Known | None = None) -> list[Proposal]:
+            if not forgot:
+                forgot.append(True)
+                shelf.forget_thread(KALEB, "t1", cascade=True)
+            return super().propose(turns, known)
+
+    plan = shelf.learn(KALEB, thread="t2", extractor=ForgetsT1Meanwhile())
+    assert [p.op for p in plan.proposals] == ["remember" if "Remember" in said else "set_fact"]
+
+    assert [f.value for f in shelf.facts(KALEB)] + [m.content for m in shelf.list_memories(KALEB)[0]] == [
+        "Porto" if "Porto" in said else "I keep the spare key under the mat"]
+    assert {e.thread for e in shelf.evidence(KALEB)} == {"t2"}

@@ -262,6 +262,8 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
     with shelf.store.atomic():
         if plan.read and shelf.store.lock_messages(owner, plan.read) < len(plan.read):
             raise _Moved()  # erased since they were read: what they taught must not come back
+        if not _still_known(shelf, owner, decider, now):
+            raise _Moved()  # what a turn said again is gone (its thread was forgotten): that turn teaches it now
         for index, proposal in enumerate(decided):
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
@@ -293,6 +295,18 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
                 and not shelf.store.move_learn_mark(owner, plan.thread, plan.was, plan.mark, now):
             raise _Moved()
     return done
+
+
+def _still_known(shelf: Shelf, owner: Owner, decider: Decider, now: datetime) -> bool:
+    """Whether what the plan found said again is still there, in its transaction: each memory, and each fact value
+    (its history row). One erased since the plan read the owner's records (forget_thread with cascade of the thread
+    that taught it) would get no evidence, and the turn that said it again would be behind the watermark."""
+    if any(shelf.store.get_memory(owner, said.record or "", now) is None for said in decider.confirmed):
+        return False
+    keys = {value.key for _, value in decider.said_again if isinstance(value, Fact)}
+    held = {(c.key, c.value, c.set_at) for key in keys for c in shelf.store.fact_history(owner, key)}
+    return all((value.key, value.value, value.updated_at) in held
+               for _, value in decider.said_again if isinstance(value, Fact))
 
 
 def _learned_value(shelf: Shelf, owner: Owner, fact: Fact, plan: Application) -> list[datetime | None]:
