@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from memshelf.stores.sqlite import sqlite3  # the store's own SQLite: another in this process must not open its files
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 from fakes import HashEmbedder
 
-from memshelf import Conflict, ExtractorError, InvalidInput, MemshelfError, Owner, Proposal, Shelf
+from memshelf import Conflict, ExtractorError, Fact, InvalidInput, MemshelfError, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, Known, Plan, RulesExtractor, Turn
 from memshelf.learning import _decide
 from memshelf.migrate import migrate
@@ -870,3 +872,68 @@ def test_what_a_thread_says_again_survives_the_teaching_thread_forgotten_while_i
     assert [f.value for f in shelf.facts(KALEB)] + [m.content for m in shelf.list_memories(KALEB)[0]] == [
         "Porto" if "Porto" in said else "I keep the spare key under the mat"]
     assert {e.thread for e in shelf.evidence(KALEB)} == {"t2"}
+
+
+def test_two_learns_of_one_owner_setting_keys_in_opposite_orders_both_apply(shelf, clock, monkeypatch):
+    """t1 says home then work, t2 work then home, learned at once: PostgreSQL found a deadlock (each learn held the
+    key the other wanted next). A plan is written in one order, facts by key, so one waits for the other."""
+    shelf.log_message(KALEB, "t1", "user", "I live in Porto. I work at Acme.")
+    shelf.log_message(KALEB, "t2", "user", "I work at Globex. I live in Lisbon.")
+    set_fact = shelf.store.set_fact
+
+    def slow_set_fact(*args: Any, **kwargs: Any) -> Fact:
+        written = set_fact(*args, **kwargs)
+        time.sleep(0.2)  # holding the key's row: time for the other learn to take its first key
+        return written
+
+    monkeypatch.setattr(shelf.store, "set_fact", slow_set_fact)
+    failures: list[BaseException] = []
+
+    def learn(thread: str) -> None:
+        try:
+            shelf.learn(KALEB, thread=thread)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failures.append(exc)
+
+    workers = [threading.Thread(target=learn, args=(thread,)) for thread in ("t1", "t2")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+
+    assert failures == []
+    assert sorted((c.key, c.value) for c in shelf.fact_history(KALEB)) == [
+        ("employer", "Acme"), ("employer", "Globex"), ("home_city", "Lisbon"), ("home_city", "Porto")]
+
+
+def test_forget_messages_beside_a_learn_of_them_does_not_deadlock(shelf, clock, monkeypatch):
+    """forget_messages([m2, m1]) deleted in the caller's order while a learn that read both held them in theirs:
+    PostgreSQL found a deadlock. Both take the messages in one order now; the learn, second, finds them gone."""
+    m1, m2 = shelf.log_messages(KALEB, "t1", [{"role": "user", "content": "I live in Porto."},
+                                              {"role": "user", "content": "I work at Acme."}])
+    delete_message = shelf.store.delete_message
+
+    def slow_delete(owner: Owner, message_id: str) -> Any:
+        erased = delete_message(owner, message_id)
+        time.sleep(0.3)  # holding what it deleted: time for the learn to read both and reach its transaction
+        return erased
+
+    monkeypatch.setattr(shelf.store, "delete_message", slow_delete)
+    failures: list[BaseException] = []
+
+    def run(call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failures.append(exc)
+
+    forget = threading.Thread(target=run, args=(lambda: shelf.forget_messages(KALEB, [m2.id, m1.id]),))
+    learn = threading.Thread(target=run, args=(lambda: shelf.learn(KALEB, thread="t1"),))
+    forget.start()
+    time.sleep(0.1)
+    learn.start()
+    for worker in (forget, learn):
+        worker.join(timeout=60)
+
+    assert failures == []
+    assert shelf.messages(KALEB) == [] and shelf.facts(KALEB) == [] and shelf.evidence(KALEB) == []

@@ -760,8 +760,10 @@ class Shelf:
             raise InvalidInput(f"message_ids must be a list of message ids, got {type(message_ids).__name__}: "
                                "pass e.g. ['msg_3f9c0a1b2d4e5f60'], or use forget_message for one")
         erased = Erased()
+        wanted = list(dict.fromkeys(_check_message_id(m) for m in message_ids))
         with self.store.atomic():
-            for message_id in dict.fromkeys(_check_message_id(m) for m in message_ids):
+            self.store.lock_messages(owner, wanted)  # in one order (a learn's): two such never wait on each other
+            for message_id in wanted:
                 one = self.store.delete_message(owner, message_id)
                 if not one.messages:
                     raise NotFound(f"no message {message_id!r} for {owner}", "check the ids: list_messages() "

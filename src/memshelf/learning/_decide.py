@@ -257,26 +257,28 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
                             created_at=now)
            for index, p in enumerate(decided) if p.op in ("remember", "supersede")}
     shelf._embed_new(owner, list(new.values()))
-    done: list[Proposal] = []
+    done: dict[int, Proposal] = {}
     written: dict[str, list[datetime]] = {}  # the instants of the values this plan set, by key, in order
     with shelf.store.atomic():
         if plan.read and shelf.store.lock_messages(owner, plan.read) < len(plan.read):
             raise _Moved()  # erased since they were read: what they taught must not come back
         if not _still_known(shelf, owner, decider, now):
             raise _Moved()  # what a turn said again is gone (its thread was forgotten): that turn teaches it now
-        for index, proposal in enumerate(decided):
+        for index in sorted(range(len(decided)), key=lambda i: _write_order(decided[i])):
+            proposal = decided[index]
             if proposal.op == "set_fact":
                 fact = shelf.store.set_fact(owner, proposal.key or "", proposal.value or "", proposal.source, now,
                                             replaces=_outranks(shelf, proposal.source))
                 stamp = fact.outranked.set_at if fact.outranked else fact.updated_at  # its history row's instant
                 written.setdefault(fact.key, []).append(stamp)
                 plan.cite("fact", fact.key, proposal, said_at, stamp)
-                done.append(replace(proposal, record=fact.key))
+                done[index] = replace(proposal, record=fact.key)
             elif index in new:
                 memory = shelf.store.add_memories(owner, [new[index]], now)[0]
-                done.append(_remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan, said_at))
+                done[index] = _remembered(shelf, owner, replace(proposal, record=memory.id), memory, now, plan,
+                                          said_at)
             else:
-                done.append(proposal)
+                done[index] = proposal
         for confirmed in decider.confirmed:  # a record the caller wrote (no evidence) stays the caller's
             said = confirmed.record or ""
             if plan.cites("memory", said) or shelf.store.evidence(owner, "memory", said):
@@ -294,7 +296,16 @@ def apply(shelf: Shelf, owner: Owner, decided: Sequence[Proposal], decider: Deci
         if plan.thread is not None and plan.mark is not None \
                 and not shelf.store.move_learn_mark(owner, plan.thread, plan.was, plan.mark, now):
             raise _Moved()
-    return done
+    return [done[index] for index in range(len(decided))]
+
+
+def _write_order(proposal: Proposal) -> tuple[int, str, str]:
+    """The order apply writes a plan in: facts by key, then memories by topic and text (a key's values, and a
+    text's repeats, in the plan's order). Two learns of one owner then take their rows' locks in one order, and
+    neither waits on a row the other holds while it holds one the first wants (PostgreSQL found a deadlock)."""
+    if proposal.op == "set_fact":
+        return 0, proposal.key or "", ""
+    return 1, proposal.topic or "", proposal.content or ""
 
 
 def _still_known(shelf: Shelf, owner: Owner, decider: Decider, now: datetime) -> bool:
