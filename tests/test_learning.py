@@ -937,3 +937,23 @@ def test_forget_messages_beside_a_learn_of_them_does_not_deadlock(shelf, clock, 
 
     assert failures == []
     assert shelf.messages(KALEB) == [] and shelf.facts(KALEB) == [] and shelf.evidence(KALEB) == []
+
+
+def test_a_turn_logged_while_another_writer_holds_the_file_is_learned(tmp_path, clock):
+    """SQLite: a turn was stamped before it waited for the file's write lock; meanwhile a later turn was stored and
+    learned, and the watermark (by time) passed the waiting turn, which no learn then read. Turns are stamped once
+    the write may start."""
+    shelf = Shelf.open(tmp_path / "shelf.db", embedder=None, clock=clock)
+    waiting = threading.Thread(target=lambda: shelf.log_message(KALEB, "t1", "user", "I live in Porto."))
+    with shelf.store.atomic():  # another writer: it logs a later turn and learns the thread
+        waiting.start()
+        time.sleep(0.3)  # the turn above is waiting for the write lock
+        clock.advance(1)
+        shelf.log_message(KALEB, "t1", "user", "I work at Acme.")
+        shelf.learn(KALEB, thread="t1")
+    waiting.join(timeout=30)
+
+    shelf.learn(KALEB, thread="t1")
+
+    assert {f.key: f.value for f in shelf.facts(KALEB)} == {"employer": "Acme", "home_city": "Porto"}
+    shelf.close()

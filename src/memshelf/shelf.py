@@ -675,9 +675,10 @@ class Shelf:
         thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         role = check_role(role)
         content = check_text("content", content)
-        now = self.now()
-        return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now,
-                                                     self._message_expiry(ttl, now)))
+        with self.store.atomic():  # stamped once the write may start: see log_messages
+            now = self.now()
+            return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now,
+                                                         self._message_expiry(ttl, now)))
 
     def log_messages(self, owner: Owner, thread: str, turns: Iterable[Mapping[str, Any]], *,
                      ttl: float | timedelta | None | object = _DEFAULT) -> list[Message]:
@@ -686,9 +687,11 @@ class Shelf:
         owner = _check_owner(owner)
         thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         checked = [_turn_of(number, turn) for number, turn in enumerate(_check_records("turns", turns), 1)]
-        now = self.now()
-        expires = self._message_expiry(ttl, now)
         with self.store.atomic():
+            # Stamped inside the transaction: on SQLite, once the file's write lock is held, so turns are stamped in
+            # the order they are stored, and a learn's watermark (by time) never passes one still waiting to be.
+            now = self.now()
+            expires = self._message_expiry(ttl, now)
             return [self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))
                     for role, content in checked]
 
