@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fakes import HashEmbedder
 
-from memshelf import Conflict, ExtractorError, Fact, InvalidInput, MemshelfError, Owner, Proposal, Shelf
+from memshelf import Conflict, ExtractorError, Fact, InvalidInput, MemshelfError, Message, Owner, Proposal, Shelf
 from memshelf.learning import Extractor, Known, Plan, RulesExtractor, Turn
 from memshelf.learning import _decide
 from memshelf.migrate import migrate
@@ -957,3 +957,33 @@ def test_a_turn_logged_while_another_writer_holds_the_file_is_learned(tmp_path, 
 
     assert {f.key: f.value for f in shelf.facts(KALEB)} == {"employer": "Acme", "home_city": "Porto"}
     shelf.close()
+
+
+def test_a_turn_stored_after_a_later_one_was_learned_is_not_left_behind(shelf, clock, monkeypatch):
+    """Two loggers of one thread at once: the first stamps its turn, then is slow to store it; the second stamps a
+    later turn and stores it, and the thread is learned. On PostgreSQL the learn read the later turn alone and its
+    watermark passed the first, stored after it: never learned. A learn's reading now waits for turns being logged."""
+    add_message = shelf.store.add_message
+
+    def slow_for_porto(owner: Owner, message: Message) -> Message:
+        if "Porto" in message.content:
+            time.sleep(0.5)  # stamped, not yet stored
+        return add_message(owner, message)
+
+    monkeypatch.setattr(shelf.store, "add_message", slow_for_porto)
+    first = threading.Thread(target=lambda: shelf.log_message(KALEB, "t1", "user", "I live in Porto."))
+    first.start()
+    time.sleep(0.1)
+
+    def later() -> None:
+        clock.advance(1)
+        shelf.log_message(KALEB, "t1", "user", "I work at Acme.")
+
+    second = threading.Thread(target=later)
+    second.start()
+    second.join(timeout=30)
+    shelf.learn(KALEB, thread="t1")
+    first.join(timeout=30)
+    shelf.learn(KALEB, thread="t1")
+
+    assert {f.key: f.value for f in shelf.facts(KALEB)} == {"employer": "Acme", "home_city": "Porto"}

@@ -676,6 +676,7 @@ class Shelf:
         role = check_role(role)
         content = check_text("content", content)
         with self.store.atomic():  # stamped once the write may start: see log_messages
+            self.store.hold_thread(owner, thread)
             now = self.now()
             return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now,
                                                          self._message_expiry(ttl, now)))
@@ -688,8 +689,10 @@ class Shelf:
         thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         checked = [_turn_of(number, turn) for number, turn in enumerate(_check_records("turns", turns), 1)]
         with self.store.atomic():
-            # Stamped inside the transaction: on SQLite, once the file's write lock is held, so turns are stamped in
-            # the order they are stored, and a learn's watermark (by time) never passes one still waiting to be.
+            # Stamped inside the transaction, once the write may start (SQLite: the file's write lock; PostgreSQL:
+            # the thread's lock against a learn's reading), so a learn's watermark (by time) never passes a turn
+            # still waiting to be stored.
+            self.store.hold_thread(owner, thread)
             now = self.now()
             expires = self._message_expiry(ttl, now)
             return [self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now, expires))

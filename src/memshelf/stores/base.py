@@ -346,6 +346,12 @@ class RecordStore(ABC):
     @abstractmethod
     def set_learn_mark(self, owner: Owner, thread: str, mark: Mark, now: datetime) -> None: ...
 
+    def hold_thread(self, owner: Owner, thread: str) -> None:  # noqa: B027 - a no-op is the right default
+        """Called in the transaction that logs turns to the thread, before they are stamped: a learn's reading of
+        the thread (messages_after) waits for such transactions, and they for it, so no turn is stamped before the
+        last one a learn read yet stored after it (behind the watermark). This default holds nothing: enough where
+        atomic() holds the store's one write lock; PostgreSQL takes a shared advisory lock."""
+
     def lock_messages(self, owner: Owner, ids: Sequence[str]) -> int:
         """How many of the owner's messages `ids` exist, each held until the transaction ends, so that erasing them
         waits for it (learning calls it in its transaction before it writes what it learned from them, and drops its

@@ -679,6 +679,13 @@ class PostgresStore(SQLRecords):
     def _owner_scope(self, tenant: str, write: bool = True) -> AbstractContextManager[Statements]:
         return self._tenant(tenant)  # type: ignore[no-any-return]
 
+    def _thread_lock(self, db: Statements, owner: Owner, thread: str, shared: bool) -> None:
+        """An advisory lock on the thread until the transaction ends: shared while turns are logged, exclusive while
+        a learn reads (64-bit hash of the owner and thread; a collision only makes two threads wait on each other)."""
+        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        db.execute(f"SELECT {function}(hashtextextended(%s, 0))", ("\x1f".join(("memshelf-thread", owner.tenant,
+                                                                                 owner.user, thread)),))
+
     def _admin_scope(self, write: bool = True) -> AbstractContextManager[Statements]:
         return self._admin()  # type: ignore[no-any-return]
 

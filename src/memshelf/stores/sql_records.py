@@ -429,6 +429,14 @@ class SQLRecords(Store):
                               (*values, owner.tenant, owner.user, thread, was.message_id,
                                self._time_in(was.said_at))).rowcount == 1
 
+    def hold_thread(self, owner: Owner, thread: str) -> None:
+        with self._owner_scope(owner.tenant) as db:
+            self._thread_lock(db, owner, thread, shared=True)
+
+    def _thread_lock(self, db: Statements, owner: Owner, thread: str, shared: bool) -> None:
+        """Where transactions run side by side (PostgreSQL overrides this), the lock between logging turns to a
+        thread (shared) and reading it to learn (exclusive); SQLite's writers already hold the file's one lock."""
+
     def messages_after(self, owner: Owner, thread: str, mark: Mark | None, limit: int,
                        now: datetime) -> list[Message]:
         """Ordered as pages are, oldest first: (created_at, row key). Messages said in the mark's own instant come
@@ -442,6 +450,7 @@ class SQLRecords(Store):
                       " WHERE a.tenant = ? AND a.user_id = ? AND a.id = ?), 0)))")
             params += (stamp, stamp, owner.tenant, owner.user, mark.message_id)
         with self._owner_scope(owner.tenant, write=False) as db:
+            self._thread_lock(db, owner, thread, shared=False)  # turns being logged are stored first
             rows = db.execute(self._sql(query + " ORDER BY created_at, pk LIMIT ?"),
                               params + (min(limit, 2**62),)).fetchall()
         return [Message(r[0], r[1], r[2], r[3], self._time_out(r[4]), self._time_out(r[5])) for r in rows]
