@@ -353,18 +353,19 @@ def _remembered(shelf: Shelf, owner: Owner, proposal: Proposal, memory: Memory, 
 
 
 LEARN_ATTEMPTS = 3
-"""How often learn reads a thread again when other learns of it moved its watermark while it decided."""
+"""How often learn reads again when what its plan was decided on changed before it could be applied."""
 
 
 class _Moved(Exception):
-    """Raised inside apply's transaction, which it rolls back: the thread's watermark is not where the plan read
-    from (another learn of the thread applied meanwhile, or the thread was forgotten)."""
+    """Raised inside apply's transaction, which it rolls back: what the plan was decided on is not there any more
+    (another learn of the thread moved its watermark, a message read or a record said again was erased)."""
 
 
 def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extractor: object,
           dry_run: bool) -> Plan:
-    """Learn once; a plan whose thread another learn moved on meanwhile is dropped whole, and the thread read again
-    from where that one left it, so two learns of one thread at once never apply the same turns twice."""
+    """Learn once; a plan whose ground changed before it was applied (_Moved) is dropped whole and the thread read
+    again (from where another learn left it), so two learns of one thread at once never apply the same turns twice,
+    and nothing learned from what an erasure took meanwhile comes back."""
     chosen = resolve_extractor(extractor)
     started = time.perf_counter()
     for _ in range(LEARN_ATTEMPTS):
@@ -372,8 +373,9 @@ def learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, extr
             return _learn(shelf, owner, messages, thread, chosen, dry_run, started)
         except _Moved:
             continue
-    raise Conflict(f"thread {thread!r} of {owner} was learned from by other calls while this one decided, "
-                   f"{LEARN_ATTEMPTS} times over", "learn again once they are done; nothing of this call was written")
+    raise Conflict(f"what learning read of {owner} (thread {thread!r}) changed while it decided, {LEARN_ATTEMPTS} "
+                   "times over (other learns of the thread, or erasures)",
+                   "learn again once they are done; nothing of this call was written")
 
 
 def _learn(shelf: Shelf, owner: Owner, messages: object, thread: str | None, chosen: Extractor, dry_run: bool,

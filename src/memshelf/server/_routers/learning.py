@@ -18,8 +18,9 @@ router = APIRouter(tags=["learning"], route_class=WorkerRoute)
 @router.post("/v1/users/{user}/learn", responses={
     502: {"model": ErrorOut, "description": "the extractor failed (its model service was unreachable or answered "
                                             "with something unusable): nothing was written, retry later"},
-    409: {"model": ErrorOut, "description": "other learns of the thread kept moving its watermark while this one "
-                                            "decided: nothing was written, learn again once they are done"}})
+    409: {"model": ErrorOut, "description": "what the learn read kept changing while it decided (other learns of "
+                                            "the thread, erasures): nothing was written, learn again once they are "
+                                            "done"}})
 def learn(owner: OwnerDep, shelf: ShelfDep, body: LearnIn) -> PlanOut:
     """Learn from a conversation: the extractor proposes, memshelf decides and (unless dry_run) applies the plan
     in one transaction. Every proposal comes back with the decision taken on it and why."""
