@@ -679,6 +679,10 @@ class PostgresStore(SQLRecords):
     def _owner_scope(self, tenant: str, write: bool = True) -> AbstractContextManager[Statements]:
         return self._tenant(tenant)  # type: ignore[no-any-return]
 
+    def hold_thread(self, owner: Owner, thread: str) -> None:
+        with self._tenant(owner.tenant) as db:
+            self._thread_lock(db, owner, thread, shared=True)
+
     def _thread_lock(self, db: Statements, owner: Owner, thread: str, shared: bool) -> None:
         """An advisory lock on the thread until the transaction ends: shared while turns are logged, exclusive while
         a learn reads (64-bit hash of the owner and thread; a collision only makes two threads wait on each other)."""

@@ -429,10 +429,6 @@ class SQLRecords(Store):
                               (*values, owner.tenant, owner.user, thread, was.message_id,
                                self._time_in(was.said_at))).rowcount == 1
 
-    def hold_thread(self, owner: Owner, thread: str) -> None:
-        with self._owner_scope(owner.tenant) as db:
-            self._thread_lock(db, owner, thread, shared=True)
-
     def _thread_lock(self, db: Statements, owner: Owner, thread: str, shared: bool) -> None:
         """Where transactions run side by side (PostgreSQL overrides this), the lock between logging turns to a
         thread (shared) and reading it to learn (exclusive); SQLite's writers already hold the file's one lock."""
