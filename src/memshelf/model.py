@@ -73,17 +73,23 @@ def addressable(kind: str, value: str) -> str:
     at either end, which HTTP headers and the inspector trim (so "bob " would be "bob" there), and not "." or "..",
     which URLs read as steps in the path (no browser can name such a record, and a request for it reaches the
     record above). Owners are refused when made; threads and fact keys when written."""
-    stored = (" (an owner an older memshelf stored so is reached through the Python library: Shelf.list_users, "
-              "then Owner.stored(tenant, user))" if kind in ("tenant", "user") else
-              f" (a {kind} an older memshelf stored so is still read and erased by its name)")
     if value != value.strip():
         raise InvalidInput(f"{kind} {value!r} begins or ends with whitespace, which HTTP headers and the inspector "
                            f"trim, so it would name another {kind} there",
-                           f"use a name without, such as {value.strip()!r}, which is another {kind}{stored}")
+                           f"use a name without, such as {value.strip()!r}, which is another {kind}{_stored(kind)}")
     if value in (".", ".."):
         raise InvalidInput(f"{kind} {value!r} is a step in a URL's path ('.' stays, '..' goes up), so no URL names it",
-                           f"choose a name with another character in it{stored}")
+                           f"choose a name with another character in it{_stored(kind)}")
     return value
+
+
+def _stored(kind: str) -> str:
+    """How a name refused now is reached when an older memshelf stored it (said only when refusing: an Owner is
+    made on every request)."""
+    if kind in ("tenant", "user"):
+        return (" (an owner an older memshelf stored so is reached through the Python library: Shelf.list_users, "
+                "then Owner.stored(tenant, user))")
+    return f" (a {kind} an older memshelf stored so is still read and erased by its name)"
 
 
 def check_filter(kind: str, value: object, limit: int = MAX_ID_CHARS) -> str | None:
