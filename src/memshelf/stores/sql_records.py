@@ -275,8 +275,8 @@ class SQLRecords(Store):
     def set_fact(self, owner: Owner, key: str, value: str, source: str, now: datetime,
                  replaces: Callable[[str], bool] = lambda current_source: True) -> Fact:
         """Insert the fact, or lock its current row and replace it only if `replaces` allows, so two concurrent
-        writers cannot both decide against a value neither of them saw. The value is stamped `now`, or the first
-        microsecond after it that no value of the key holds (what the returned Fact, or its `outranked`, says)."""
+        writers cannot both decide against a value neither of them saw. The value is stamped `now`, or later when
+        another value of the key holds that instant (_free_instant): the returned Fact, or its `outranked`, says."""
         with self._owner_scope(owner.tenant) as db:
             now = self._free_instant(db, owner, key, now)
             at = self._time_in(now)
@@ -402,18 +402,20 @@ class SQLRecords(Store):
 
     def lock_messages(self, owner: Owner, ids: Sequence[str]) -> int:
         with self._owner_scope(owner.tenant) as db:
-            return sum(len(self._hold_messages(db, self._sql(f"{_USER} AND id IN ({marks})"),
-                                               (owner.tenant, owner.user, *chunk), always=True))
+            return sum(self._hold_messages(db, self._sql(f"{_USER} AND id IN ({marks})"),
+                                           (owner.tenant, owner.user, *chunk), always=True)
                        for chunk, marks in _id_lists(ids))
 
-    def _hold_messages(self, db: Statements, where: str, params: tuple, always: bool = False) -> Sequence:
-        """The messages `where` selects, locked until the transaction ends where a SELECT can lock rows (LOCK_ROW):
-        an erasure takes them before anything else, so that a learn holding them (lock_messages) finishes first
-        and everything it wrote is then erased, and a learn that comes second finds them gone. Where transactions
-        hold one write lock (SQLite) there is nothing to take, and nothing is read unless `always`."""
+    def _hold_messages(self, db: Statements, where: str, params: tuple, always: bool = False) -> int:
+        """How many messages `where` selects, locked until the transaction ends where a SELECT can lock rows
+        (LOCK_ROW): an erasure takes them before anything else, so that a learn holding them (lock_messages)
+        finishes first and everything it wrote is then erased, and a learn that comes second finds them gone.
+        Where transactions hold one write lock (SQLite) there is nothing to take, and nothing is read unless
+        `always`."""
         if not (self.LOCK_ROW or always):
-            return []
-        return db.execute(f"SELECT pk FROM messages WHERE {where} ORDER BY pk{self.LOCK_ROW}", params).fetchall()
+            return 0
+        return int(db.execute(f"SELECT count(*) FROM (SELECT 1 FROM messages WHERE {where} ORDER BY pk"
+                              f"{self.LOCK_ROW}) held", params).fetchone()[0])
 
     def move_learn_mark(self, owner: Owner, thread: str, was: Mark | None, mark: Mark, now: datetime) -> bool:
         """Compared in the write: an insert that finds a watermark, or an update that finds another one (on
