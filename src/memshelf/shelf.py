@@ -675,11 +675,7 @@ class Shelf:
         thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         role = check_role(role)
         content = check_text("content", content)
-        with self.store.atomic():  # stamped once the write may start: see log_messages
-            self.store.hold_thread(owner, thread)
-            now = self.now()
-            return self.store.add_message(owner, Message(new_id("msg"), thread, role, content, now,
-                                                         self._message_expiry(ttl, now)))
+        return self._log(owner, thread, [(role, content)], ttl)[0]
 
     def log_messages(self, owner: Owner, thread: str, turns: Iterable[Mapping[str, Any]], *,
                      ttl: float | timedelta | None | object = _DEFAULT) -> list[Message]:
@@ -688,10 +684,14 @@ class Shelf:
         owner = _check_owner(owner)
         thread = check_name("thread", thread, MAX_TOPIC_CHARS)
         checked = [_turn_of(number, turn) for number, turn in enumerate(_check_records("turns", turns), 1)]
+        return self._log(owner, thread, checked, ttl)
+
+    def _log(self, owner: Owner, thread: str, checked: Sequence[tuple[str, str]],
+             ttl: float | timedelta | None | object) -> list[Message]:
+        """Store checked (role, content) turns in one transaction, stamped inside it once the write may start
+        (SQLite: the file's write lock; PostgreSQL: the thread's lock against a learn's reading), so a learn's
+        watermark (by time) never passes a turn still waiting to be stored."""
         with self.store.atomic():
-            # Stamped inside the transaction, once the write may start (SQLite: the file's write lock; PostgreSQL:
-            # the thread's lock against a learn's reading), so a learn's watermark (by time) never passes a turn
-            # still waiting to be stored.
             self.store.hold_thread(owner, thread)
             now = self.now()
             expires = self._message_expiry(ttl, now)
