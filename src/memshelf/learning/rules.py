@@ -242,9 +242,9 @@ _INJECTION = re.compile(r"\b(?:ignore|disregard|forget) (?:all |any |the |your )
                         r"(?:instructions|messages|rules)|\bsystem prompt\b|\byou are now\b|\bnew instructions\b",
                         re.IGNORECASE)
 _FRAME = re.compile(
-    r"\b(?:let's|lets|let us) (?:play|pretend|roleplay|role-play|role play|imagine)\b|\broleplay\b|\brole-play\b"
-    r"|\brole play\b|\bpretend\b|\bhypothetical(?:ly)?\b|\bin (?:my|a|the|this|our) (?:story|novel|book|game|"
-    r"dreams?|script|play|fiction)\b|\b(?:a|my) (?:story|poem|scene|script) (?:where|in which|about)\b",
+    r"\b(?:let's|lets|let us) (?:play|imagine)\b|\brole[- ]?play\b|\bpretend\b|\bhypothetical(?:ly)?\b"
+    r"|\bin (?:my|a|the|this|our) (?:story|novel|book|game|dreams?|script|play|fiction)\b"
+    r"|\b(?:a|my) (?:story|poem|scene|script) (?:where|in which|about)\b",
     re.IGNORECASE)
 """A turn that sets up play or a hypothetical ("Let's roleplay. I'm Captain Jack."): none of its sentences is about
 the user, though the frame and the claim are in different sentences."""
